@@ -1,0 +1,52 @@
+"""The exceptions the resilience layers raise.
+
+::
+
+    Exception
+     ├── ResilienceError                the call was refused or stopped by a protection layer
+     │    ├── CircuitOpenError          the breaker is OPEN (or HALF_OPEN with its probes taken): name, retry_after
+     │    ├── BulkheadFullError         no slot within ``acquire_timeout``
+     │    ├── BulkheadTimeoutError      the call ran past min(bulkhead timeout, remaining budget); it was cancelled
+     │    └── BudgetExhaustedError      the request's timeout budget is spent (also a ``TimeoutError``)
+     └── NonRetryableError              a business error (bad input, declined card): never retried, never counted
+                                        as a failure by a breaker. Applications subclass it.
+
+Every ``ResilienceError`` means "the dependency was not (fully) tried", so callers can map the whole family to
+one answer (503 / ``provider_unavailable``) and single out ``BudgetExhaustedError`` (``timeout``).
+"""
+
+from __future__ import annotations
+
+
+class ResilienceError(Exception):
+    """Base class of every error a protection layer raises."""
+
+
+class CircuitOpenError(ResilienceError):
+    def __init__(self, name: str, retry_after: float) -> None:
+        super().__init__(f"circuit {name!r} is open; retry in {retry_after:.1f}s")
+        self.name = name
+        self.retry_after = retry_after
+
+
+class BulkheadFullError(ResilienceError):
+    def __init__(self, name: str, max_concurrent: int, waited: float) -> None:
+        super().__init__(f"bulkhead {name!r} is full ({max_concurrent} in use, waited {waited:.2f}s)")
+        self.name = name
+        self.max_concurrent = max_concurrent
+        self.waited = waited
+
+
+class BulkheadTimeoutError(ResilienceError):
+    def __init__(self, name: str, timeout: float) -> None:
+        super().__init__(f"bulkhead {name!r}: call exceeded {timeout:.2f}s and was cancelled")
+        self.name = name
+        self.timeout = timeout
+
+
+class BudgetExhaustedError(ResilienceError, TimeoutError):
+    """The timeout budget ran out; raised instead of starting (or sleeping into) work that cannot finish."""
+
+
+class NonRetryableError(Exception):
+    """A business error: retrying cannot help and it says nothing about the dependency's health."""

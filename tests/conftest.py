@@ -1,0 +1,148 @@
+"""Shared fixtures: real Redis, real Postgres, isolated key prefixes and settings.
+
+Redis: ``REDIS_URL`` when set, otherwise a private ``redis-server`` on a free port for the session.
+Postgres: a fresh database per test on ``TEST_DATABASE_URL`` (default: the local server), dropped afterwards.
+Under ``CI=true`` a missing Redis or Postgres fails the test; locally it skips with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from infra.settings import get_settings
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"required service unavailable in CI: {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_redis_server(port: int | None = None, *, appendonly: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """A private redis-server (tests that kill Redis use this); returns the process and its URL."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        unavailable("redis-server is not on PATH")
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="concierge-redis-")
+    proc = subprocess.Popen(
+        [
+            exe or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if appendonly else "no",
+            "--dir",
+            workdir,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    unavailable(f"redis-server did not start on port {port}")
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    proc, url = start_redis_server()
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings_env(monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str) -> Iterator[pytest.MonkeyPatch]:
+    """Point ``get_settings()`` at the test Redis and a unique prefix; extend with ``settings_env.setenv``."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("CONCIERGE_KEY_PREFIX", key_prefix)
+    get_settings.cache_clear()
+    yield monkeypatch
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+async def redis(settings_env: pytest.MonkeyPatch, redis_url: str, key_prefix: str) -> AsyncIterator[object]:
+    """An asyncio client on the test Redis; every key under this test's prefix is deleted afterwards."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from infra.redis import create_redis
+
+    client = create_redis(redis_url)
+    try:
+        await client.ping()
+    except RedisConnectionError as exc:
+        await client.aclose()
+        unavailable(f"Redis at {redis_url} is unreachable: {exc}")
+    try:
+        yield client
+    finally:
+        keys = [k async for k in client.scan_iter(match=f"{key_prefix}*", count=500)]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty database; dropped after the test."""
+    import psycopg
+
+    name = f"concierge_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(TEST_DATABASE_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        unavailable(f"Postgres at {TEST_DATABASE_URL} is unreachable: {exc}")
+        raise
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = TEST_DATABASE_URL.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(TEST_DATABASE_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
