@@ -112,6 +112,22 @@ def budget_scope(seconds: float) -> Iterator[float]:
         _deadline.reset(token)
 
 
+@contextmanager
+def detached_budget(seconds: float) -> Iterator[float]:
+    """Run a block under a fresh budget that ignores the enclosing deadline.
+
+    For work that must finish even though the request that caused it ran out of time: compensating a half-done
+    booking (cancelling a hold, refunding a charge) or resuming an accepted run after a crash. Use sparingly; the
+    ordinary tool is ``budget_scope``.
+    """
+    seconds = _check_seconds(seconds)
+    token = _deadline.set(_defaults.clock() + seconds)
+    try:
+        yield seconds
+    finally:
+        _deadline.reset(token)
+
+
 def parse_budget_header(value: str | None, *, default: float, maximum: float) -> float:
     """Turn an ``X-Timeout-Budget`` value into seconds.
 

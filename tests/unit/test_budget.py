@@ -105,3 +105,14 @@ def test_outgoing_headers_subtract_margin_and_refuse_when_spent(clock):
         with pytest.raises(BudgetExhaustedError):
             outgoing_budget_headers()
         assert isinstance(BudgetExhaustedError("x"), TimeoutError)
+
+
+def test_detached_budget_ignores_the_enclosing_deadline(clock):
+    from resilience.budget import detached_budget
+
+    with budget_scope(1):
+        clock.now += 0.99
+        with detached_budget(5) as seconds:
+            assert seconds == 5
+            assert remaining_budget() == pytest.approx(5)
+        assert remaining_budget() == pytest.approx(0.01)

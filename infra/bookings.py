@@ -1,0 +1,166 @@
+"""The booking records users poll: input, progress and outcome of every accepted booking, in Redis.
+
+A booking is written before its 202 is sent and only moves forward: once ``confirmed`` or ``failed`` it never
+changes again, whichever process (the owner, a stale owner, the recovery worker) tries. Client idempotency keys
+map to booking ids here too, so a retried ``POST /bookings`` finds the booking it already created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from redis.asyncio import Redis
+
+from infra.redis import key
+
+FINAL_STATUSES: Final = frozenset({"confirmed", "failed"})
+STATUSES: Final = ("pending", "searching", "reserving", "paying", "confirming", "confirmed", "failed")
+PUBLIC_FIELDS: Final = (
+    "booking_id",
+    "status",
+    "city",
+    "checkin",
+    "checkout",
+    "guests",
+    "hotel_id",
+    "hotel_name",
+    "total_price",
+    "currency",
+    "reservation_id",
+    "payment_id",
+    "error",
+    "created_at",
+    "updated_at",
+)
+_JSON_FIELDS: Final = frozenset({"error", "guests", "total_price"})
+
+# Creates the record only once; a second create (a retried request, a racing replica) changes nothing.
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+return 1
+"""
+
+# Final states are final: an update never moves a confirmed/failed booking anywhere else.
+_UPDATE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return -1 end
+if status == 'confirmed' or status == 'failed' then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+if ARGV[1] == '1' then redis.call('ZREM', KEYS[2], KEYS[1]) end
+return 1
+"""
+
+# One client key → one booking id; the body hash tells a retry from a different request under the same key.
+_CLAIM_KEY = """
+local current = redis.call('GET', KEYS[1])
+if current then return current end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return ARGV[1]
+"""
+
+
+class BookingStore:
+    def __init__(self, redis: Redis, *, idempotency_ttl_s: int = 24 * 3600) -> None:
+        self._redis = redis
+        self._ttl = idempotency_ttl_s
+        self._create = redis.register_script(_CREATE)
+        self._update = redis.register_script(_UPDATE)
+        self._claim = redis.register_script(_CLAIM_KEY)
+
+    @staticmethod
+    def _key(booking_id: str) -> str:
+        return key("booking", booking_id)
+
+    @staticmethod
+    def _inflight_key() -> str:
+        return key("bookings", "inflight")
+
+    async def create(self, booking_id: str, request: Mapping[str, Any]) -> bool:
+        """Record a new booking as ``pending``; False when it already exists."""
+        now = time.time()
+        fields: dict[str, Any] = {
+            "booking_id": booking_id,
+            "status": "pending",
+            "city": request["city"],
+            "checkin": request["checkin"],
+            "checkout": request["checkout"],
+            "guests": request["guests"],
+            "hotel_id": request.get("hotel_id"),
+            "created_at": now,
+            "updated_at": now,
+        }
+        args = [now, *_flatten(fields)]
+        return bool(await self._create(keys=[self._key(booking_id), self._inflight_key()], args=args))
+
+    async def update(self, booking_id: str, **fields: Any) -> bool:
+        """Move a booking forward; False if it is already final (or unknown)."""
+        fields["updated_at"] = time.time()
+        final = "1" if fields.get("status") in FINAL_STATUSES else "0"
+        result = await self._update(keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)])
+        return int(result) == 1
+
+    async def get(self, booking_id: str) -> dict[str, Any] | None:
+        raw = await self._redis.hgetall(self._key(booking_id))
+        if not raw:
+            return None
+        view: dict[str, Any] = dict.fromkeys(PUBLIC_FIELDS)
+        for name, value in raw.items():
+            if name not in view:
+                continue
+            if value == "":
+                view[name] = None
+            elif name in _JSON_FIELDS:
+                view[name] = json.loads(value)
+            elif name in {"created_at", "updated_at"}:
+                view[name] = _iso(float(value))
+            else:
+                view[name] = value
+        return view
+
+    async def wait_final(self, booking_id: str, wait_s: float) -> dict[str, Any] | None:
+        """The booking once it is final, or as it stands when ``wait_s`` runs out (long polling)."""
+        deadline = time.monotonic() + max(0.0, wait_s)
+        delay = 0.02
+        while True:
+            booking = await self.get(booking_id)
+            if booking is None or booking["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
+                return booking
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 0.25)
+
+    async def in_flight(self) -> int:
+        return int(await self._redis.zcard(self._inflight_key()))
+
+    async def claim_client_key(self, client_key: str, body_hash: str, booking_id: str) -> tuple[str, bool]:
+        """Bind ``client_key`` to ``booking_id`` unless it is bound already.
+
+        Returns the booking id the key belongs to and whether the stored body matches this one.
+        """
+        stored = await self._claim(
+            keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl]
+        )
+        bound_id, _, bound_hash = str(stored).partition(":")
+        return bound_id, bound_hash == body_hash
+
+
+def _flatten(fields: Mapping[str, Any]) -> list[Any]:
+    flat: list[Any] = []
+    for name, value in fields.items():
+        if value is None:
+            encoded: Any = ""
+        elif name in _JSON_FIELDS:
+            encoded = json.dumps(value)
+        else:
+            encoded = value
+        flat.extend((name, encoded))
+    return flat
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
