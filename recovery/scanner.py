@@ -1,0 +1,95 @@
+"""The orphan scanner: finds runs whose owner died (lease expired, status not final) and queues them for recovery.
+
+It reads expired leases from the active-run index with one range query on the Redis server clock (no keyspace
+SCAN), then hands them to ``QueueGuard.enqueue_orphans``, which re-checks each run and claims and enqueues it in
+one script. So any number of scanners can run side by side (one per replica): each orphan is enqueued once per
+lease expiry. A run stops being an orphan as soon as a consumer acquires its lease; if that consumer dies too, the
+new lease expires and the run is an orphan again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+from infra.settings import get_settings
+from recovery.errors import redis_errors
+from recovery.leases import RunStore
+from recovery.queue import EnqueueOutcome, QueueGuard
+
+logger = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[object]]
+Clock = Callable[[], float]
+
+# ARGV: limit → thread ids whose lease ran out by the server clock, oldest expiry first (claimed runs score +inf)
+_EXPIRED = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+"""
+
+# A scan handles at most this many pages; every page moves its runs out of the expired range, so this only
+# bounds a pathological index (a run whose record disagrees with it) instead of looping on it.
+_MAX_PAGES = 100
+
+
+class OrphanScanner:
+    """Periodic orphan detection. ``redis`` runs the index query; ``store`` names the index; ``guard`` enqueues.
+
+    ``interval`` defaults to ``ORPHAN_SCAN_INTERVAL``; ``batch_size`` is how many candidates one script handles.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        store: RunStore,
+        guard: QueueGuard,
+        *,
+        interval: float | None = None,
+        batch_size: int = 100,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.interval = float(interval if interval is not None else get_settings().orphan_scan_interval_s)
+        if self.interval <= 0:
+            raise ValueError(f"scan interval must be positive, got {self.interval!r}")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.store = store
+        self.guard = guard
+        self._expired = redis.register_script(_EXPIRED)
+        self._clock = clock
+        self._sleep = sleep
+
+    async def scan_once(self) -> list[str]:
+        """Enqueue every current orphan; returns the ids this call newly put in the queue."""
+        enqueued: list[str] = []
+        for _ in range(_MAX_PAGES):
+            with redis_errors("reading expired leases"):
+                candidates = [str(c) for c in await self._expired(keys=[self.store.index_key], args=[self.batch_size])]
+            if not candidates:
+                break
+            for result in await self.guard.enqueue_orphans(candidates):
+                if result.outcome is EnqueueOutcome.QUEUED:
+                    enqueued.append(result.thread_id)
+            if len(candidates) < self.batch_size:
+                break
+        if enqueued:
+            logger.info("orphan scan queued %d run(s) for recovery: %s", len(enqueued), ", ".join(enqueued))
+        return enqueued
+
+    async def run(self) -> None:
+        """Scan every ``interval`` until cancelled; a failed scan is logged and the loop carries on."""
+        while True:
+            started = self._clock()
+            try:
+                await self.scan_once()
+            except Exception:
+                logger.exception("orphan scan failed; retrying in %.2fs", self.interval)
+            await self._sleep(max(0.0, self.interval - (self._clock() - started)))
