@@ -73,6 +73,7 @@ FenceCheck = Callable[[], Awaitable[None]]
 
 TRACER_NAME = "concierge.graph"
 ATTR_NODE = "langgraph.node"
+ATTR_BUDGET = "concierge.budget_remaining_s"
 ATTR_THREAD_ID = "langgraph.thread_id"
 ATTR_SERVICE = "service.name"
 ATTR_IDEMPOTENCY_OUTCOME = "idempotency.outcome"
@@ -155,7 +156,8 @@ def _check_node(fn: Callable[..., Any], decorator: str, name: str) -> None:
 def traced_node(name: str) -> Callable[[F], F]:
     """One span ``node <name>`` per execution of an async node ``(state, config) -> dict``; use it outermost.
 
-    Attributes: ``langgraph.node``, ``langgraph.thread_id`` (when the config has one), ``service.name``. An
+    Attributes: ``langgraph.node``, ``langgraph.thread_id`` (when the config has one), ``service.name``,
+    ``concierge.budget_remaining_s`` (the timeout budget left when the node starts). An
     exception is recorded and sets ERROR status, then re-raised. LangGraph control flow (interrupts, parent
     commands) and cancellation are not failures of the node: they end the span without ERROR.
     """
@@ -166,7 +168,8 @@ def traced_node(name: str) -> Callable[[F], F]:
         @functools.wraps(fn)
         async def node(state: Any, config: RunnableConfig) -> dict[str, Any]:
             entry = _tracer()
-            attributes: dict[str, str] = {ATTR_NODE: name}
+            # the budget left when the node starts: shows in a trace how each hop shrank the caller's deadline
+            attributes: dict[str, str | float] = {ATTR_NODE: name, ATTR_BUDGET: round(remaining_budget(), 3)}
             thread_id = _thread_id(config)
             if thread_id is not None:
                 attributes[ATTR_THREAD_ID] = thread_id

@@ -142,9 +142,7 @@ class BookingStore:
 
         Returns the booking id the key belongs to and whether the stored body matches this one.
         """
-        stored = await self._claim(
-            keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl]
-        )
+        stored = await self._claim(keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl])
         bound_id, _, bound_hash = str(stored).partition(":")
         return bound_id, bound_hash == body_hash
 

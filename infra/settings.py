@@ -34,9 +34,12 @@ class Settings(BaseSettings):
     budget_margin_s: float = Field(0.05, validation_alias="CONCIERGE_BUDGET_MARGIN_S", ge=0)
     booking_budget_s: float = Field(60.0, validation_alias="BOOKING_BUDGET_S", gt=0)
 
+    # start-up overrides of the resilience tables, JSON: {"hotel_api": {"recovery_timeout": 2}} (demos, tests)
+    circuit_overrides: dict[str, dict[str, float]] = Field(default_factory=dict, validation_alias="CONCIERGE_CIRCUITS")
+
     # idempotent nodes
     idempotency_ttl_s: int = Field(7 * 24 * 3600, validation_alias="IDEMPOTENCY_TTL_S", gt=0)
-    idempotency_lease_s: float = Field(10.0, validation_alias="IDEMPOTENCY_LEASE_S", gt=0)
+    idempotency_lease_s: float = Field(3.0, validation_alias="IDEMPOTENCY_LEASE_S", gt=0)
 
     # service-to-service
     service_token: str = Field("concierge-dev-token", validation_alias="CONCIERGE_SERVICE_TOKEN", min_length=1)

@@ -1,4 +1,8 @@
-"""Resilience layers, app-agnostic: circuit breaker → bulkhead → timeout budget → retry (→ idempotency in graph/)."""
+"""Resilience layers, app-agnostic: circuit breaker → bulkhead → timeout budget → retry (→ idempotency in graph/).
+
+``ResiliencePolicy`` / ``policy_for`` compose them in that order (see ``resilience.policy``); the layers are
+usable alone too. Everything they report goes through ``resilience.events`` (logs, span events, hooks).
+"""
 
 from resilience.budget import (
     BUDGET_HEADER,
@@ -13,6 +17,25 @@ from resilience.budget import (
     remaining_budget,
     restore_budget_defaults,
 )
+from resilience.bulkhead import (
+    BULKHEAD_CONFIGS,
+    DEFAULT_BULKHEAD_CONFIG,
+    Bulkhead,
+    BulkheadConfig,
+    BulkheadRegistry,
+    BulkheadStats,
+    bulkhead_registry,
+    run_within_budget,
+)
+from resilience.circuit_breaker import (
+    CIRCUIT_CONFIGS,
+    CircuitBreaker,
+    CircuitBreakerConfig,
+    CircuitBreakerRegistry,
+    CircuitState,
+    CircuitStats,
+    circuit_registry,
+)
 from resilience.errors import (
     BudgetExhaustedError,
     BulkheadFullError,
@@ -21,23 +44,98 @@ from resilience.errors import (
     NonRetryableError,
     ResilienceError,
 )
+from resilience.events import (
+    BudgetExpired,
+    BulkheadRejected,
+    BulkheadTimedOut,
+    CircuitRejected,
+    CircuitTransition,
+    Hook,
+    ResilienceEvent,
+    RetryGaveUp,
+    RetryScheduled,
+    add_hook,
+    emit,
+    hooks,
+    remove_hook,
+)
+from resilience.policy import (
+    DEFAULT_OUTBOUND_BULKHEAD_CONFIG,
+    OUTBOUND_BULKHEAD_CONFIGS,
+    ResiliencePolicy,
+    outbound_bulkhead_name,
+    policy_for,
+)
+from resilience.retry import (
+    NO_RETRY,
+    RETRY_CONFIGS,
+    RetryConfig,
+    Sleep,
+    backoff_delay,
+    call_with_retry,
+    is_testing,
+    set_testing,
+    with_retry,
+)
 
 __all__ = [
     "BUDGET_HEADER",
+    "BULKHEAD_CONFIGS",
+    "CIRCUIT_CONFIGS",
+    "DEFAULT_BULKHEAD_CONFIG",
+    "DEFAULT_OUTBOUND_BULKHEAD_CONFIG",
+    "NO_RETRY",
+    "OUTBOUND_BULKHEAD_CONFIGS",
+    "RETRY_CONFIGS",
     "BudgetDefaults",
     "BudgetExhaustedError",
+    "BudgetExpired",
+    "Bulkhead",
+    "BulkheadConfig",
     "BulkheadFullError",
+    "BulkheadRegistry",
+    "BulkheadRejected",
+    "BulkheadStats",
+    "BulkheadTimedOut",
     "BulkheadTimeoutError",
+    "CircuitBreaker",
+    "CircuitBreakerConfig",
+    "CircuitBreakerRegistry",
     "CircuitOpenError",
+    "CircuitRejected",
+    "CircuitState",
+    "CircuitStats",
+    "CircuitTransition",
+    "Hook",
     "NonRetryableError",
     "ResilienceError",
+    "ResilienceEvent",
+    "ResiliencePolicy",
+    "RetryConfig",
+    "RetryGaveUp",
+    "RetryScheduled",
+    "Sleep",
+    "add_hook",
+    "backoff_delay",
     "budget_scope",
+    "bulkhead_registry",
+    "call_with_retry",
+    "circuit_registry",
     "configure_budget",
     "current_deadline",
+    "emit",
+    "hooks",
     "init_budget",
+    "is_testing",
+    "outbound_bulkhead_name",
     "outgoing_budget_headers",
     "outgoing_budget_seconds",
     "parse_budget_header",
+    "policy_for",
     "remaining_budget",
+    "remove_hook",
     "restore_budget_defaults",
+    "run_within_budget",
+    "set_testing",
+    "with_retry",
 ]

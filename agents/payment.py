@@ -1,0 +1,119 @@
+"""payment-agent: charges and refunds through payment-api.
+
+A2A skills ``charge_payment`` ({amount, currency, payment_token, reference} → {payment_id, status, ...}) and
+``refund_payment`` ({reference, payment_id?} → {refunded: [...]}) run the payment graph inside the
+``payment_agent`` bulkhead, with a checkpointer and ``durability="sync"``. The thread id comes from the booking
+reference, so a repeated call (a retry, a recovered booking) lands on the same idempotency keys: one charge, ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from agents.skills import SkillFailure, install_skill_failure_handler, skill_failure_from
+from graph.payment import build_payment_graph, payment_thread_id
+from infra.a2a import Skill, mount_a2a
+from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.providers.clients import PaymentApiClient
+from infra.service import create_service_app
+from infra.settings import get_settings
+
+SERVICE = "payment-agent"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    payments = PaymentApiClient(get_settings().payment_api_url)
+    try:
+        async with open_checkpointer() as saver:
+            app.state.checkpointer = saver
+            app.state.payment_graph = build_payment_graph(lambda: app.state.redis, payments, saver)
+            yield
+    finally:
+        await payments.aclose()
+
+
+async def _checkpointer_ready() -> None:
+    await checkpointer_ready(app.state.checkpointer)
+
+
+app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
+install_skill_failure_handler(app)
+
+
+def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = data.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise SkillFailure("invalid_request", f"{name}: required, got {value!r}")
+    return value
+
+
+async def _run(operation: str, state: dict[str, Any]) -> dict[str, Any]:
+    config = {"configurable": {"thread_id": payment_thread_id(state["reference"], operation)}}
+    try:
+        result: dict[str, Any] = await app.state.payment_graph.ainvoke(
+            {**state, "operation": operation}, config, durability="sync"
+        )
+    except Exception as exc:
+        raise skill_failure_from(exc) from exc
+    error = result.get("error")
+    if error:
+        raise SkillFailure(error["code"], error["message"])
+    return result
+
+
+async def charge_payment(data: dict[str, Any]) -> dict[str, Any]:
+    amount = _require(data, "amount", (int, float))
+    if amount <= 0:
+        raise SkillFailure("invalid_request", "amount: must be positive")
+    state = {
+        "amount": float(amount),
+        "currency": _require(data, "currency", str),
+        "payment_token": _require(data, "payment_token", str),
+        "reference": _require(data, "reference", str),
+    }
+    result = await _run("charge", state)
+    return {
+        "payment_id": result["payment_id"],
+        "status": result["status"],
+        "amount": state["amount"],
+        "currency": state["currency"],
+        "reference": state["reference"],
+    }
+
+
+async def refund_payment(data: dict[str, Any]) -> dict[str, Any]:
+    payment_id = data.get("payment_id")
+    if payment_id is not None and not isinstance(payment_id, str):
+        raise SkillFailure("invalid_request", "payment_id: must be a string")
+    result = await _run("refund", {"reference": _require(data, "reference", str), "payment_id": payment_id})
+    return {"refunded": result.get("refunded", []), "reference": data["reference"]}
+
+
+mount_a2a(
+    app,
+    name=SERVICE,
+    description="Charges cards and refunds bookings through payment-api, exactly once.",
+    url=get_settings().payment_agent_url,
+    skills=[
+        Skill(
+            id="charge_payment",
+            name="Charge payment",
+            description="Capture {amount, currency} on {payment_token} for {reference}; idempotent per reference.",
+            handler=charge_payment,
+            tags=("payment",),
+        ),
+        Skill(
+            id="refund_payment",
+            name="Refund payment",
+            description="Refund {payment_id}, or every captured charge of {reference} when no id is given.",
+            handler=refund_payment,
+            tags=("payment",),
+        ),
+    ],
+    bulkhead="payment_agent",
+)

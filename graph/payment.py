@@ -1,0 +1,93 @@
+"""Payment graph: charge a card or refund a booking's charges.
+
+::
+
+    START ─operation=charge─▶ charge ─▶ END
+          └operation=refund─▶ refund ─▶ END
+
+Both nodes are ``@traced_node(@idempotent_node(...))`` and send ``idempotency_key()`` to payment-api, so a retried
+A2A call, a recovered booking or a restarted payment-agent never charges or refunds twice. Thread ids are derived
+from the booking reference (``<reference>:charge``, ``<reference>:refund``). Runs with ``durability="sync"``.
+
+A refund without a ``payment_id`` refunds every captured charge of the reference: that is how a booking whose charge
+timed out (outcome unknown) makes sure no money stays captured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+
+from graph.nodes import RedisProvider, idempotency_key, idempotent_node, traced_node
+from infra.providers.clients import PaymentApiClient
+from infra.providers.errors import PaymentDeclinedError
+from resilience import policy_for
+
+
+class PaymentState(TypedDict, total=False):
+    operation: Literal["charge", "refund"]
+    reference: str
+    amount: float
+    currency: str
+    payment_token: str
+    payment_id: str | None
+    status: str
+    refunded: list[str]
+    error: dict[str, str] | None
+
+
+def payment_thread_id(reference: str, operation: str) -> str:
+    return f"{reference}:{operation}"
+
+
+def build_payment_graph(
+    redis: RedisProvider,
+    payments: PaymentApiClient,
+    checkpointer: BaseCheckpointSaver[str] | None = None,
+) -> CompiledStateGraph[PaymentState, None, PaymentState, PaymentState]:
+    policy = policy_for("payment_api")
+
+    @traced_node("charge")
+    @idempotent_node(redis, "charge", key_fields=["reference", "amount", "currency", "payment_token"])
+    async def charge(state: PaymentState, config: RunnableConfig) -> dict[str, Any]:
+        try:
+            result = await policy.call(
+                payments.charge,
+                amount=state["amount"],
+                currency=state["currency"],
+                payment_token=state["payment_token"],
+                reference=state["reference"],
+                idempotency_key=idempotency_key(),
+            )
+        except PaymentDeclinedError as exc:
+            # A decline is an answer, not a failure: stored like a success so a replay gives the same answer.
+            return {"status": "declined", "error": {"code": "payment_declined", "message": str(exc)}}
+        return {"payment_id": result["payment_id"], "status": result["status"], "error": None}
+
+    @traced_node("refund")
+    @idempotent_node(redis, "refund", key_fields=["reference", "payment_id"])
+    async def refund(state: PaymentState, config: RunnableConfig) -> dict[str, Any]:
+        if state.get("payment_id"):
+            payment_ids = [str(state["payment_id"])]
+        else:
+            charges = await policy.call(payments.find_charges, reference=state["reference"])
+            payment_ids = [c["payment_id"] for c in charges if c["status"] == "captured"]
+        base_key = idempotency_key()
+        for payment_id in payment_ids:
+            await policy.call(payments.refund, payment_id, idempotency_key=f"{base_key}:{payment_id}")
+        return {"refunded": payment_ids, "status": "refunded", "error": None}
+
+    def route(state: PaymentState) -> str:
+        return state["operation"]
+
+    builder = StateGraph(PaymentState)
+    builder.add_node("charge", charge)
+    builder.add_node("refund", refund)
+    builder.add_conditional_edges(START, route, {"charge": "charge", "refund": "refund"})
+    builder.add_edge("charge", END)
+    builder.add_edge("refund", END)
+    return builder.compile(checkpointer=checkpointer, name="payment")

@@ -1,0 +1,102 @@
+"""Search graph: find hotel offers for a stay.
+
+::
+
+    START → validate → query_hotels → rank → END
+
+``query_hotels`` is the only I/O: hotel-api ``GET /hotels`` through ``policy_for("hotel_api")`` (breaker → retry,
+each attempt bounded by the caller's budget). No side effects, so no checkpointer and no idempotency.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any, TypedDict
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+
+from graph.nodes import traced_node
+from infra.providers.clients import HotelApiClient
+from resilience import NonRetryableError, policy_for
+
+MAX_NIGHTS = 30
+
+
+class InvalidSearchError(NonRetryableError):
+    code = "invalid_request"
+
+
+class SearchState(TypedDict, total=False):
+    city: str
+    checkin: str
+    checkout: str
+    guests: int
+    max_price_per_night: float | None
+    hotel_id: str | None
+    offers: list[dict[str, Any]]
+
+
+def validate_stay(checkin: str, checkout: str, guests: int) -> int:
+    """Nights of a stay; ``InvalidSearchError`` naming the field that is wrong."""
+    try:
+        start = date.fromisoformat(checkin)
+    except (TypeError, ValueError):
+        raise InvalidSearchError(f"checkin: not a YYYY-MM-DD date: {checkin!r}") from None
+    try:
+        end = date.fromisoformat(checkout)
+    except (TypeError, ValueError):
+        raise InvalidSearchError(f"checkout: not a YYYY-MM-DD date: {checkout!r}") from None
+    nights = (end - start).days
+    if nights < 1:
+        raise InvalidSearchError("checkout: must be after checkin")
+    if nights > MAX_NIGHTS:
+        raise InvalidSearchError(f"checkout: a stay is at most {MAX_NIGHTS} nights")
+    if not isinstance(guests, int) or not 1 <= guests <= 8:
+        raise InvalidSearchError(f"guests: must be an integer from 1 to 8, got {guests!r}")
+    return nights
+
+
+def build_search_graph(hotels: HotelApiClient) -> CompiledStateGraph[SearchState, None, SearchState, SearchState]:
+    policy = policy_for("hotel_api")
+
+    @traced_node("validate")
+    async def validate(state: SearchState, config: RunnableConfig) -> dict[str, Any]:
+        if not str(state.get("city") or "").strip():
+            raise InvalidSearchError("city: must not be empty")
+        validate_stay(state["checkin"], state["checkout"], state["guests"])
+        return {}
+
+    @traced_node("query_hotels")
+    async def query_hotels(state: SearchState, config: RunnableConfig) -> dict[str, Any]:
+        offers = await policy.call(
+            hotels.search,
+            city=state["city"],
+            checkin=state["checkin"],
+            checkout=state["checkout"],
+            guests=state["guests"],
+        )
+        return {"offers": offers}
+
+    @traced_node("rank")
+    async def rank(state: SearchState, config: RunnableConfig) -> dict[str, Any]:
+        offers = [o for o in state.get("offers", []) if o["available_rooms"] > 0]
+        if state.get("hotel_id"):
+            offers = [o for o in offers if o["hotel_id"] == state["hotel_id"]]
+        ceiling = state.get("max_price_per_night")
+        if ceiling is not None:
+            offers = [o for o in offers if o["price_per_night"] <= ceiling]
+        # cheapest first; among equal prices the better hotel
+        offers.sort(key=lambda o: (o["price_per_night"], -o["stars"], o["hotel_id"]))
+        return {"offers": offers}
+
+    builder = StateGraph(SearchState)
+    builder.add_node("validate", validate)
+    builder.add_node("query_hotels", query_hotels)
+    builder.add_node("rank", rank)
+    builder.add_edge(START, "validate")
+    builder.add_edge("validate", "query_hotels")
+    builder.add_edge("query_hotels", "rank")
+    builder.add_edge("rank", END)
+    return builder.compile(name="search")

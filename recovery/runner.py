@@ -1,0 +1,122 @@
+"""Executing one graph run under its lease; shared by booking-agent (first run) and the recovery worker (resumes).
+
+``execute_run`` owns everything between "I hold the lease" and "the run is final or handed back":
+
+- a heartbeat keeps the lease alive however long a node takes;
+- ``fence_scope(lease.ensure_owned)``: every idempotent node checks the lease before its side effect, so an owner
+  that lost it (paused process, partition) stops instead of running alongside the new owner;
+- a detached budget: the run was accepted, so it gets its own time, not the budget of the request that created it;
+- ``durability="sync"``: each step's checkpoint is on disk before the next step starts;
+- the ``stop`` event is checked at every step boundary: a graceful shutdown hands the run back (lease released,
+  enqueued for recovery at once) instead of waiting for the lease to expire.
+
+``input=None`` resumes from the last checkpoint (``ainvoke(None)`` semantics); a dict starts the graph.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import aclosing
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph.state import CompiledStateGraph
+
+from graph.nodes import fence_scope
+from recovery.errors import LeaseLostError
+from recovery.leases import RunLease, RunStatus
+from recovery.queue import QueueGuard
+from resilience.budget import detached_budget
+
+logger = logging.getLogger(__name__)
+
+
+class RunOutcome(StrEnum):
+    DONE = "done"
+    """The graph reached END; the run is final."""
+    HANDED_OFF = "handed_off"
+    """Stopped at a step boundary for a shutdown; lease released and the run enqueued for recovery."""
+    LOST = "lost"
+    """Another owner holds the run now; we stopped before our next side effect."""
+    FAILED = "failed"
+    """The attempt raised; the lease is released so the run can be retried."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: RunOutcome
+    values: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+
+def run_config(thread_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+async def execute_run(
+    graph: CompiledStateGraph[Any, Any, Any, Any],
+    lease: RunLease,
+    input: dict[str, Any] | None,
+    *,
+    budget_s: float,
+    stop: asyncio.Event | None = None,
+    guard: QueueGuard | None = None,
+) -> RunResult:
+    """Run (or resume) ``lease.thread_id`` to the end, to a handoff, or to a failure. Never raises but CancelledError."""
+    config = run_config(lease.thread_id)
+    try:
+        async with lease.keep_alive():
+            with fence_scope(lease.ensure_owned), detached_budget(budget_s):
+                await lease.set_status(RunStatus.RUNNING)
+                stream = graph.astream(input, config, stream_mode="updates", durability="sync")
+                async with aclosing(stream):  # type: ignore[type-var]
+                    async for _update in stream:
+                        if stop is not None and stop.is_set():
+                            return await _hand_off(lease, guard)
+            snapshot = await graph.aget_state(config)
+            if snapshot.next:
+                # astream ended without reaching END: only an interrupt does that, and our graphs have none
+                raise RuntimeError(f"run {lease.thread_id} stopped before END at {snapshot.next}")
+            await lease.finish(RunStatus.DONE)
+            return RunResult(RunOutcome.DONE, dict(snapshot.values))
+    except LeaseLostError as exc:
+        logger.warning("run %s: lease lost (%s); leaving it to the new owner", lease.thread_id, exc)
+        return RunResult(RunOutcome.LOST, error=exc)
+    except asyncio.CancelledError:
+        # forced shutdown after the drain period: hand back what we can without blocking the cancellation
+        await asyncio.shield(_hand_off_quietly(lease, guard))
+        raise
+    except Exception as exc:
+        logger.exception("run %s: attempt failed", lease.thread_id)
+        await _release_quietly(lease, error=exc)
+        return RunResult(RunOutcome.FAILED, error=exc)
+
+
+async def _hand_off(lease: RunLease, guard: QueueGuard | None) -> RunResult:
+    await lease.release()
+    if guard is not None:
+        await guard.safe_enqueue(lease.thread_id)
+    logger.info("run %s handed off for recovery at a step boundary", lease.thread_id)
+    return RunResult(RunOutcome.HANDED_OFF)
+
+
+async def _hand_off_quietly(lease: RunLease, guard: QueueGuard | None) -> None:
+    try:
+        async with asyncio.timeout(2):
+            await _hand_off(lease, guard)
+    except Exception:
+        logger.exception("run %s: handoff after cancellation failed; the scanner will find it", lease.thread_id)
+
+
+async def _release_quietly(lease: RunLease, *, error: BaseException) -> None:
+    try:
+        await lease.set_status(RunStatus.PENDING, error=f"{type(error).__name__}: {error}")
+    except Exception:
+        logger.debug("run %s: could not record the error", lease.thread_id, exc_info=True)
+    try:
+        await lease.release()
+    except Exception:
+        logger.exception("run %s: could not release the lease; it will expire", lease.thread_id)

@@ -1,0 +1,209 @@
+"""The booking product end to end: five real uvicorn processes, real Redis, Postgres checkpoints, real HTTP/A2A."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from tests.stack import Stack, stay
+
+pytestmark = pytest.mark.e2e
+
+
+def lisbon_availability(stack: Stack, checkin: str, checkout: str) -> dict[str, int]:
+    response = stack.http.get(
+        f"{stack.url('hotel-api')}/hotels",
+        params={"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2},
+    )
+    assert response.status_code == 200, response.text
+    return {offer["hotel_id"]: offer["available_rooms"] for offer in response.json()["offers"]}
+
+
+def test_twenty_concurrent_bookings_all_confirm_exactly_once(stack: Stack) -> None:
+    checkin, checkout = stay(days_ahead=60, nights=2)
+    before = lisbon_availability(stack, checkin, checkout)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        accepted = list(pool.map(lambda _: stack.book(checkin=checkin, checkout=checkout, guests=2), range(20)))
+        final = list(pool.map(lambda b: stack.wait(b["booking_id"]), accepted))
+
+    ids = {b["booking_id"] for b in accepted}
+    assert len(ids) == 20
+    assert [b["status"] for b in final] == ["confirmed"] * 20, [b["error"] for b in final]
+    for booking in final:
+        assert booking["reservation_id"] and booking["payment_id"] and booking["hotel_name"]
+        assert booking["total_price"] > 0 and booking["currency"] == "EUR"
+
+    reservations = [r for r in stack.ledger("hotel-api")["reservations"] if r["reference"] in ids]
+    confirmed = Counter(r["reference"] for r in reservations if r["status"] == "confirmed")
+    assert confirmed == Counter(ids), "exactly one confirmed reservation per booking"
+    assert not [r for r in reservations if r["status"] == "held"], "no room left on hold"
+
+    charges = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] in ids]
+    captured = Counter(c["reference"] for c in charges if c["status"] == "captured")
+    assert captured == Counter(ids), "exactly one captured charge per booking"
+
+    after = lisbon_availability(stack, checkin, checkout)
+    taken = sum(before[h] - after.get(h, 0) for h in before)
+    assert taken == 20, "two guests take one room; twenty bookings take twenty rooms for the stay"
+    by_hotel = Counter(b["hotel_id"] for b in final)
+    for hotel_id, count in by_hotel.items():
+        assert before[hotel_id] - after.get(hotel_id, 0) == count
+
+
+def test_declined_card_fails_and_leaves_nothing_behind(stack: Stack) -> None:
+    booking = stack.wait(stack.book(payment_token="tok_declined")["booking_id"])
+    assert booking["status"] == "failed"
+    assert booking["error"]["code"] == "payment_declined"
+
+    reference = booking["booking_id"]
+    reservations = [r for r in stack.ledger("hotel-api")["reservations"] if r["reference"] == reference]
+    assert reservations and all(r["status"] == "cancelled" for r in reservations), reservations
+    charges = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == reference]
+    assert not [c for c in charges if c["status"] == "captured"]
+
+
+def test_same_idempotency_key_gives_the_same_booking(stack: Stack) -> None:
+    checkin, checkout = stay(days_ahead=70)
+    headers = {"Idempotency-Key": f"client-{time.time_ns()}"}
+    first = stack.book(headers=headers, checkin=checkin, checkout=checkout)
+    second = stack.book(headers=headers, checkin=checkin, checkout=checkout)
+    assert first["booking_id"] == second["booking_id"]
+    assert stack.wait(first["booking_id"])["status"] == "confirmed"
+
+    changed = stack.http.post(
+        f"{stack.url('booking-agent')}/bookings",
+        json={"city": "Porto", "checkin": checkin, "checkout": checkout, "guests": 1, "payment_token": "tok_visa"},
+        headers=headers,
+    )
+    assert changed.status_code == 422
+    assert "Idempotency-Key" in changed.text
+    refs = [r for r in stack.ledger("payment-api")["charges"] if r["reference"] == first["booking_id"]]
+    assert len(refs) == 1
+
+
+def test_hotel_api_down_opens_the_breaker_fails_fast_then_recovers(clean_faults: Stack) -> None:
+    stack = clean_faults
+    stack.fault("hotel-api", error_rate=1.0)
+    failures = []
+    for _ in range(3):
+        booking = stack.wait(stack.book()["booking_id"])
+        failures.append(booking)
+    assert all(b["status"] == "failed" for b in failures)
+    assert {b["error"]["code"] for b in failures} == {"provider_unavailable"}
+
+    circuits = stack.http.get(f"{stack.url('search-agent')}/health/circuits").json()
+    assert circuits["hotel_api"]["state"] == "open"
+
+    started = time.monotonic()
+    fast = stack.wait(stack.book()["booking_id"])
+    elapsed = time.monotonic() - started
+    assert fast["status"] == "failed" and fast["error"]["code"] == "provider_unavailable"
+    assert elapsed < 1.0, f"an open breaker should fail the booking at once, took {elapsed:.2f}s"
+
+    stack.fault("hotel-api")
+    time.sleep(2.5)  # the recovery timeout set for this stack
+    # hotel_api needs two successful probes (success_threshold=2) before it closes again
+    for _ in range(2):
+        assert stack.wait(stack.book()["booking_id"])["status"] == "confirmed"
+    assert stack.http.get(f"{stack.url('search-agent')}/health/circuits").json()["hotel_api"]["state"] == "closed"
+
+
+def test_a2a_requires_the_service_token_and_serves_agent_cards(stack: Stack) -> None:
+    for service in ("search-agent", "payment-agent", "booking-agent"):
+        card = stack.http.get(f"{stack.url(service)}/.well-known/agent-card.json")
+        assert card.status_code == 200
+        assert card.json()["name"] == service
+        refused = stack.http.post(
+            f"{stack.url(service)}/a2a",
+            json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}},
+        )
+        assert refused.status_code == 401
+        wrong = stack.http.post(
+            f"{stack.url(service)}/a2a",
+            json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}},
+            headers={"Authorization": "Bearer not-the-token"},
+        )
+        assert wrong.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"checkout": "2020-01-01"}, "checkout"),
+        ({"guests": 0}, "guests"),
+        ({"guests": 9}, "guests"),
+        ({"checkin": "10/01/2027"}, "checkin"),
+        ({"hotel_id": "nowhere-99"}, "hotel_id"),
+        ({"city": "Atlantis"}, "city"),
+        ({"payment_token": ""}, "payment_token"),
+        ({"max_price_per_night": -5}, "max_price_per_night"),
+    ],
+)
+def test_bad_booking_fields_get_422_naming_the_field(stack: Stack, change: dict[str, object], field: str) -> None:
+    checkin, checkout = stay()
+    body = {"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2, "payment_token": "tok_visa"}
+    body.update(change)
+    response = stack.http.post(f"{stack.url('booking-agent')}/bookings", json=body)
+    assert response.status_code == 422, response.text
+    assert field in {str(part) for item in response.json()["detail"] for part in item["loc"]}
+
+
+def test_malformed_and_oversized_bodies_and_bad_budgets(stack: Stack) -> None:
+    url = f"{stack.url('booking-agent')}/bookings"
+    malformed = stack.http.post(url, content=b'{"city": ', headers={"Content-Type": "application/json"})
+    assert malformed.status_code == 422
+    huge = stack.http.post(url, content=b"x" * (65 * 1024), headers={"Content-Type": "application/json"})
+    assert huge.status_code == 413
+    bad_budget = stack.http.get(f"{url}/anything", headers={"X-Timeout-Budget": "soon"})
+    assert bad_budget.status_code == 400
+    assert "X-Timeout-Budget" in bad_budget.text
+    assert stack.http.get(f"{url}/does-not-exist").status_code == 404
+    assert stack.http.get(f"{url}/x", params={"wait": "-1"}).status_code == 422
+
+
+def test_search_agent_serves_hotels_for_people(stack: Stack) -> None:
+    checkin, checkout = stay()
+    response = stack.http.get(
+        f"{stack.url('search-agent')}/hotels",
+        params={"city": "Paris", "checkin": checkin, "checkout": checkout, "guests": 2},
+    )
+    assert response.status_code == 200
+    offers = response.json()["offers"]
+    assert offers and all(o["city"] == "Paris" for o in offers)
+    prices = [o["price_per_night"] for o in offers]
+    assert prices == sorted(prices)
+    bad = stack.http.get(f"{stack.url('search-agent')}/hotels", params={"city": "Paris", "checkin": "x"})
+    assert bad.status_code == 422
+
+
+def test_one_trace_follows_a_booking_across_every_process(stack: Stack) -> None:
+    booking = stack.wait(stack.book(city="Madrid")["booking_id"])
+    assert booking["status"] == "confirmed"
+    time.sleep(0.5)  # span processors export on end; give the last ones a moment to hit the files
+    booking_spans = stack.spans("booking-agent")
+    run_spans = [s for s in booking_spans if s["attributes"].get("langgraph.thread_id") == booking["booking_id"]]
+    node_names = {s["name"] for s in run_spans}
+    assert {"node search", "node reserve", "node charge", "node confirm"} <= node_names
+    trace_ids = {s["trace_id"] for s in run_spans}
+    assert len(trace_ids) == 1
+    trace_id = trace_ids.pop()
+    for service in ("search-agent", "payment-agent", "hotel-api", "payment-api"):
+        assert any(s["trace_id"] == trace_id for s in stack.spans(service)), f"{service} not in the trace"
+    assert any(s["trace_id"] == trace_id and s["name"] == "node charge" for s in stack.spans("payment-agent"))
+
+
+def test_health_endpoints_on_every_service(stack: Stack) -> None:
+    for service in ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent"):
+        base = stack.url(service)
+        assert httpx.get(f"{base}/health").status_code == 200
+        assert httpx.get(f"{base}/health/ready").status_code == 200
+        assert isinstance(httpx.get(f"{base}/health/bulkheads").json(), dict)
+        assert isinstance(httpx.get(f"{base}/health/circuits").json(), dict)
+        assert "# TYPE" in httpx.get(f"{base}/metrics").text
+    bulkheads = httpx.get(f"{stack.url('booking-agent')}/health/bulkheads").json()
+    assert bulkheads["booking_agent"]["max"] == 10

@@ -1,0 +1,416 @@
+"""infra/a2a.py over real HTTP: a plain FastAPI app with ``mount_a2a`` served by uvicorn on a free port.
+
+Every call goes through ``A2AClient`` (or raw httpx where the point is what a stranger without our client sees).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from infra.a2a import (
+    A2A_PATH,
+    AGENT_CARD_PATH,
+    A2AClient,
+    A2AError,
+    A2AProtocolError,
+    A2ASkillError,
+    A2ATimeoutError,
+    A2AUnauthorizedError,
+    A2AUnavailableError,
+    Skill,
+    mount_a2a,
+)
+from infra.http import create_http_client
+from infra.settings import get_settings
+from infra.telemetry import configure_telemetry
+from resilience import BudgetExhaustedError, NonRetryableError, budget_scope, remaining_budget
+from tests.conftest import free_port
+
+TOKEN = "a2a-test-token"
+BULKHEAD = "a2a_test_agent"
+
+
+class PaymentDeclinedError(NonRetryableError):
+    code = "payment_declined"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"card declined: {reason}")
+        self.data = {"reason": reason}
+
+
+class Probe:
+    """What the handlers saw, shared with the test (server and client run in the same event loop)."""
+
+    def __init__(self) -> None:
+        self.slow_started = asyncio.Event()
+        self.slow_cancelled = asyncio.Event()
+        self.release = asyncio.Event()
+        self.holding = 0
+        self.all_held = asyncio.Event()
+        self.calls = 0
+
+
+def build_app(probe: Probe, *, native_tracing: bool = True) -> FastAPI:
+    async def echo(data: dict[str, Any]) -> dict[str, Any]:
+        probe.calls += 1
+        span = trace.get_current_span().get_span_context()
+        with trace.get_tracer("test").start_as_current_span("handler work"):
+            pass
+        return {"input": data, "budget": remaining_budget(), "trace_id": f"{span.trace_id:032x}"}
+
+    async def decline(data: dict[str, Any]) -> dict[str, Any]:
+        raise PaymentDeclinedError(data.get("reason", "insufficient funds"))
+
+    async def crash(data: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the handler has a bug")
+
+    async def slow(data: dict[str, Any]) -> dict[str, Any]:
+        probe.slow_started.set()
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            probe.slow_cancelled.set()
+            raise
+        return {"finished": True}
+
+    async def hold(data: dict[str, Any]) -> dict[str, Any]:
+        probe.holding += 1
+        if probe.holding == 2:
+            probe.all_held.set()
+        try:
+            await probe.release.wait()
+        finally:
+            probe.holding -= 1
+        return {"held": True}
+
+    # FastAPI 0.165 traces requests natively; without that (or the service shell) the mount adopts traceparent.
+    app = FastAPI(telemetry={"tracing": native_tracing})
+    mount_a2a(
+        app,
+        name="test-agent",
+        description="Skills that misbehave on purpose.",
+        url="http://test-agent.invalid",
+        skills=[
+            Skill("echo", "Echo", "Returns its input and what the handler saw.", echo, tags=("test",)),
+            Skill("decline", "Decline", "Always declines the card.", decline),
+            Skill("crash", "Crash", "Always raises an unexpected error.", crash),
+            Skill("slow", "Slow", "Sleeps 5 s.", slow),
+            Skill("hold", "Hold", "Waits until the test releases it.", hold),
+        ],
+        bulkhead=BULKHEAD,
+    )
+    return app
+
+
+@asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if task.done() or time.monotonic() > deadline:
+            server.should_exit = True
+            await task
+            raise RuntimeError("uvicorn did not start")
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("CONCIERGE_SERVICE_TOKEN", TOKEN)
+    get_settings.cache_clear()
+    yield monkeypatch
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def probe() -> Probe:
+    return Probe()
+
+
+@pytest.fixture
+async def agent_url(env: pytest.MonkeyPatch, probe: Probe, bulkhead: None) -> AsyncIterator[str]:
+    async with serve(build_app(probe)) as url:
+        yield url
+
+
+@pytest.fixture
+async def client(agent_url: str) -> AsyncIterator[A2AClient]:
+    async with A2AClient(agent_url) as c:
+        yield c
+
+
+def rpc_body(skill: str = "echo", data: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": "1",
+        "method": "SendMessage",
+        "params": {
+            "message": {
+                "messageId": "m-1",
+                "role": "ROLE_USER",
+                "parts": [{"data": {"skill": skill, "input": data or {}}}],
+            }
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------------ agent card
+
+
+async def test_agent_card_is_public_and_lists_the_skills(agent_url: str, client: A2AClient) -> None:
+    async with httpx.AsyncClient() as raw:
+        response = await raw.get(f"{agent_url}{AGENT_CARD_PATH}")
+    assert response.status_code == 200
+    card = response.json()
+    assert card["name"] == "test-agent"
+    assert [s["id"] for s in card["skills"]] == ["echo", "decline", "crash", "slow", "hold"]
+    assert card["supportedInterfaces"][0]["url"] == f"http://test-agent.invalid{A2A_PATH}"
+    assert "bearer" in card["securitySchemes"]
+    assert await client.agent_card() == card
+
+
+# ------------------------------------------------------------------------------------------------------ auth
+
+
+async def test_call_without_a_token_is_refused_before_the_handler_runs(agent_url: str, probe: Probe) -> None:
+    async with httpx.AsyncClient() as raw:
+        response = await raw.post(f"{agent_url}{A2A_PATH}", json=rpc_body(), headers={"A2A-Version": "1.0"})
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
+    assert response.headers["www-authenticate"] == "Bearer"
+
+    no_token = create_http_client(agent_url, with_token=False)
+    async with A2AClient(agent_url, http=no_token) as c:
+        with pytest.raises(A2AUnauthorizedError) as info:
+            await c.call("echo", {})
+    await no_token.aclose()
+    assert info.value.status_code == 401
+    assert isinstance(info.value, NonRetryableError)
+    assert probe.calls == 0
+
+
+@pytest.mark.parametrize("authorization", ["Bearer wrong-token", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"])
+async def test_call_with_a_wrong_token_is_refused(agent_url: str, probe: Probe, authorization: str) -> None:
+    async with httpx.AsyncClient() as raw:
+        response = await raw.post(
+            f"{agent_url}{A2A_PATH}", json=rpc_body(), headers={"Authorization": authorization, "A2A-Version": "1.0"}
+        )
+    assert response.status_code == 401
+    assert probe.calls == 0
+
+
+async def test_a_client_holding_another_token_gets_unauthorized(
+    env: pytest.MonkeyPatch, agent_url: str, client: A2AClient
+) -> None:
+    env.setenv("CONCIERGE_SERVICE_TOKEN", "rotated-token")  # the server now expects another token
+    get_settings.cache_clear()
+    with pytest.raises(A2AUnauthorizedError):
+        await client.call("echo", {})
+
+
+# ------------------------------------------------------------------------------------------------ round trip
+
+
+async def test_a_skill_round_trip_returns_the_result_dict(client: A2AClient) -> None:
+    data = {"city": "Lisbon", "guests": 2, "price": 99.5, "tags": ["a", 1], "nested": {"ok": True, "none": None}}
+    result = await client.call("echo", data)
+    assert result["input"] == data
+    assert type(result["input"]["guests"]) is int  # protobuf's doubles do not leak into our dicts
+    assert type(result["input"]["tags"][1]) is int
+
+
+async def test_a_business_error_arrives_as_a_skill_error_with_its_code(client: A2AClient) -> None:
+    with pytest.raises(A2ASkillError) as info:
+        await client.call("decline", {"reason": "stolen card"})
+    assert info.value.code == "payment_declined"
+    assert info.value.message == "card declined: stolen card"
+    assert info.value.data == {"reason": "stolen card"}
+    assert isinstance(info.value, NonRetryableError)
+
+
+async def test_an_unknown_skill_is_a_clear_non_retryable_error(client: A2AClient) -> None:
+    with pytest.raises(A2ASkillError) as info:
+        await client.call("teleport", {})
+    assert info.value.code == "unknown_skill"
+    assert "teleport" in info.value.message and "echo" in info.value.message
+
+
+async def test_a_crashing_handler_is_a_retryable_internal_error(client: A2AClient) -> None:
+    with pytest.raises(A2AUnavailableError) as info:
+        await client.call("crash", {})
+    assert info.value.code == "internal"
+    assert not isinstance(info.value, NonRetryableError)
+    assert "RuntimeError" in info.value.message
+
+
+async def test_a_peer_that_is_down_is_unavailable(env: pytest.MonkeyPatch) -> None:
+    async with A2AClient(f"http://127.0.0.1:{free_port()}") as c:
+        with pytest.raises(A2AUnavailableError) as info:
+            await c.call("echo", {})
+    assert not isinstance(info.value, A2ATimeoutError)
+
+
+async def test_malformed_params_get_a_json_rpc_invalid_params_error(agent_url: str) -> None:
+    async with httpx.AsyncClient() as raw:
+        response = await raw.post(
+            f"{agent_url}{A2A_PATH}",
+            json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": "nope"}},
+            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"},
+        )
+    assert response.status_code == 200
+    assert response.json()["error"]["code"] == -32602
+
+
+async def test_a_peer_that_does_not_speak_a2a_is_a_protocol_error(env: pytest.MonkeyPatch) -> None:
+    async with serve(FastAPI()) as url, A2AClient(url) as c:
+        with pytest.raises(A2AProtocolError) as info:
+            await c.call("echo", {})
+    assert info.value.code == "http_404"
+    assert isinstance(info.value, NonRetryableError)
+
+
+async def test_a_request_without_a_skill_is_an_invalid_request(agent_url: str) -> None:
+    body = rpc_body()
+    body["params"]["message"]["parts"] = [{"text": "book me a hotel"}]
+    async with httpx.AsyncClient() as raw:
+        response = await raw.post(
+            f"{agent_url}{A2A_PATH}", json=body, headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"}
+        )
+    task = response.json()["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_FAILED"
+    assert task["status"]["message"]["parts"][0]["data"]["error"]["code"] == "invalid_request"
+
+
+# ---------------------------------------------------------------------------------------------------- budget
+
+
+async def test_the_handler_runs_under_the_callers_budget_minus_the_margin(client: A2AClient) -> None:
+    with budget_scope(2.0):
+        result = await client.call("echo", {})
+    assert 1.0 < result["budget"] < 2.0  # not the 30 s default: the header reached the handler's context
+
+
+async def test_the_handler_is_cancelled_when_the_budget_ends(client: A2AClient, probe: Probe) -> None:
+    started = time.monotonic()
+    with budget_scope(0.3), pytest.raises(A2ATimeoutError) as info:
+        await client.call("slow", {})
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.0  # failed fast, did not wait for the 5 s handler
+    assert isinstance(info.value, BudgetExhaustedError)  # the booking flow can answer "timeout"
+    assert probe.slow_started.is_set()
+    await asyncio.wait_for(probe.slow_cancelled.wait(), timeout=2.0)
+
+
+async def test_no_call_is_made_when_the_budget_is_already_spent(client: A2AClient, probe: Probe) -> None:
+    with budget_scope(0.01), pytest.raises(A2ATimeoutError):
+        await client.call("echo", {})
+    assert probe.calls == 0
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "nan", "inf"])
+async def test_an_invalid_budget_header_is_a_400(agent_url: str, probe: Probe, value: str) -> None:
+    async with httpx.AsyncClient() as raw:
+        response = await raw.post(
+            f"{agent_url}{A2A_PATH}",
+            json=rpc_body(),
+            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0", "X-Timeout-Budget": value},
+        )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_budget"
+    assert probe.calls == 0
+
+
+async def test_a_budget_above_the_maximum_is_capped(env: pytest.MonkeyPatch, agent_url: str) -> None:
+    env.setenv("CONCIERGE_MAX_BUDGET_S", "5")
+    get_settings.cache_clear()
+    async with httpx.AsyncClient() as raw:
+        response = await raw.post(
+            f"{agent_url}{A2A_PATH}",
+            json=rpc_body(),
+            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0", "X-Timeout-Budget": "1000"},
+        )
+    artifact = response.json()["result"]["task"]["artifacts"][0]
+    assert 4.0 < artifact["parts"][0]["data"]["budget"] <= 5.0
+
+
+# ---------------------------------------------------------------------------------------------------- tracing
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    # the project's way to reach the process-wide provider: installs it once, later calls only add exporters
+    configure_telemetry("a2a-tests", exporter=exporter)
+    yield exporter
+    exporter.shutdown()  # processors cannot be removed; a stopped exporter drops what it is still handed
+
+
+@pytest.mark.parametrize("native_tracing", [False, True], ids=["plain-app", "fastapi-tracing"])
+async def test_the_handler_continues_the_callers_trace(
+    spans: InMemorySpanExporter, env: pytest.MonkeyPatch, bulkhead: None, native_tracing: bool
+) -> None:
+    async with serve(build_app(Probe(), native_tracing=native_tracing)) as url, A2AClient(url) as client:
+        with trace.get_tracer("test").start_as_current_span("caller") as root:
+            result = await client.call("echo", {})
+    root_ctx = root.get_span_context()
+    assert result["trace_id"] == f"{root_ctx.trace_id:032x}"
+
+    finished = {s.context.span_id: s for s in spans.get_finished_spans() if s.context.trace_id == root_ctx.trace_id}
+    work = next(s for s in finished.values() if s.name == "handler work")
+    chain = []
+    span = work
+    while span.parent is not None and span.parent.span_id in finished:
+        span = finished[span.parent.span_id]
+        chain.append(span.name)
+    assert span.context.span_id == root_ctx.span_id  # an unbroken parent chain from the handler up to the caller
+    assert chain[0] == "a2a.skill echo" and "a2a.call echo" in chain
+
+
+# -------------------------------------------------------------------------------------------------- bulkhead
+
+
+async def test_calls_beyond_the_bulkhead_are_refused_quickly(client: A2AClient, probe: Probe) -> None:
+    held = [asyncio.create_task(client.call("hold", {})) for _ in range(2)]
+    try:
+        await asyncio.wait_for(probe.all_held.wait(), timeout=5)
+        started = time.monotonic()
+        with pytest.raises(A2AUnavailableError) as info:
+            await client.call("hold", {})
+        assert time.monotonic() - started < 1.0
+        assert info.value.code == "bulkhead_full"
+        assert not isinstance(info.value, NonRetryableError)
+    finally:
+        probe.release.set()
+    assert await asyncio.gather(*held) == [{"held": True}, {"held": True}]
+
+
+def test_errors_form_one_hierarchy() -> None:
+    for cls in (A2AUnavailableError, A2ATimeoutError, A2AUnauthorizedError, A2AProtocolError, A2ASkillError):
+        assert issubclass(cls, A2AError)
+    assert issubclass(A2ATimeoutError, BudgetExhaustedError)
+    assert issubclass(A2ASkillError, NonRetryableError)
+
+
+@pytest.fixture
+def bulkhead() -> None:
+    from resilience import bulkhead_registry
+
+    bulkhead_registry.configure(BULKHEAD, max_concurrent=2, acquire_timeout=0.1, timeout=30.0)

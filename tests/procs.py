@@ -1,0 +1,286 @@
+"""Real service processes for tests: start, wait until ready, kill -9 or SIGTERM, and always clean up.
+
+Typical fixture::
+
+    @pytest.fixture
+    def procs(tmp_path, redis_url, key_prefix):
+        with Processes(tmp_path, env={"REDIS_URL": redis_url, "CONCIERGE_KEY_PREFIX": key_prefix}) as procs:
+            yield procs
+
+    def test_x(procs):
+        hotel = procs.serve("hotel-api")              # concierge serve hotel-api --port <free>; waits for ready
+        httpx.get(f"{hotel.url}/hotels?...")
+        hotel.kill()                                  # SIGKILL to its process group
+        hotel = procs.serve("hotel-api", port=hotel.port)
+
+Each process gets its own process group (so a kill reaches anything it started) and its own log file under the
+given directory; readiness is ``GET <ready_path>`` answering 200, and a process that dies or never gets ready
+fails the test with the tail of its log. Leaving the ``Processes`` block kills whatever is still running, and an
+``atexit`` hook does the same if the test run itself is torn down.
+
+``serve_in_process(app)`` is the in-process variant (uvicorn in the test's event loop) for integration tests
+that need a real socket but not a separate process (client timeouts, disconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+import uvicorn
+
+__all__ = [
+    "Processes",
+    "ServiceNotReadyError",
+    "ServiceProcess",
+    "concierge_command",
+    "free_port",
+    "serve_in_process",
+]
+
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+LOG_TAIL_LINES = 40
+
+_live: set[ServiceProcess] = set()
+
+
+class ServiceNotReadyError(AssertionError):
+    """The process exited or did not answer its readiness probe in time (message ends with its log tail)."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def concierge_command() -> list[str]:
+    """The ``concierge`` console script of this interpreter's environment (``python -m`` when not installed)."""
+    script = Path(sys.executable).with_name("concierge")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "infra.stack.cli"]
+
+
+class ServiceProcess:
+    """One started process. ``url`` is ``http://127.0.0.1:<port>``."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        port: int,
+        env: Mapping[str, str],
+        log_path: Path,
+        ready_path: str = "/health/ready",
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.port = port
+        self.env = dict(env)
+        self.log_path = log_path
+        self.ready_path = ready_path
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self._popen().pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen().poll()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _popen(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self._proc
+
+    def start(self) -> Self:
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _live.add(self)
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> Self:
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if not self.alive:
+                    raise ServiceNotReadyError(
+                        f"{self.name} exited with {self.returncode} before it was ready\n{self.log_tail()}"
+                    )
+                try:
+                    response = client.get(f"{self.url}{self.ready_path}")
+                    if response.status_code == 200:
+                        return self
+                    last = f"{response.status_code} {response.text[:200]}"
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                time.sleep(0.1)
+        raise ServiceNotReadyError(f"{self.name} not ready after {timeout:.0f}s ({last})\n{self.log_tail()}")
+
+    def _signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signum)
+
+    def kill(self) -> None:
+        """``kill -9`` the process group; returns once the process is gone."""
+        if self._proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        self._proc.wait(timeout=STOP_TIMEOUT_S)
+        _live.discard(self)
+
+    def terminate(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait for a graceful exit; SIGKILL (and ``TimeoutError``) if it takes longer."""
+        proc = self._popen()
+        self._signal_group(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise TimeoutError(f"{self.name} ignored SIGTERM for {timeout:.0f}s\n{self.log_tail()}") from None
+        _live.discard(self)
+        return code
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        tail = self.log_text().splitlines()[-lines:]
+        return f"--- last {len(tail)} lines of {self.log_path} ---\n" + "\n".join(tail)
+
+
+class Processes:
+    """Starts services for one test and stops every one of them when the block ends, even on failure."""
+
+    def __init__(self, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.started: list[ServiceProcess] = []
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        port: int,
+        env: Mapping[str, str] | None = None,
+        ready_path: str = "/health/ready",
+        wait: bool = True,
+        timeout: float = READY_TIMEOUT_S,
+    ) -> ServiceProcess:
+        """Start ``argv`` (which must listen on ``port``); wait for ``ready_path`` unless ``wait=False``."""
+        log_path = self.log_dir / f"{name}-{len(self.started)}.log"
+        proc = ServiceProcess(
+            name, argv, port=port, env={**self.env, **(env or {})}, log_path=log_path, ready_path=ready_path
+        )
+        self.started.append(proc.start())
+        return proc.wait_ready(timeout) if wait else proc
+
+    def serve(
+        self,
+        service: str,
+        *,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        timeout: float = READY_TIMEOUT_S,
+    ) -> ServiceProcess:
+        """``concierge serve <service> --port <port or a free one>``."""
+        port = port or free_port()
+        argv = [*concierge_command(), "serve", service, "--host", HOST, "--port", str(port)]
+        return self.start(service, argv, port=port, env=env, wait=wait, timeout=timeout)
+
+    def uvicorn(
+        self,
+        app: str,
+        *,
+        name: str | None = None,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        timeout: float = READY_TIMEOUT_S,
+    ) -> ServiceProcess:
+        """``python -m uvicorn <module:app> --port <port>`` for an app not in the service table."""
+        port = port or free_port()
+        argv = [sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port), "--lifespan", "on"]
+        return self.start(name or app, argv, port=port, env=env, wait=wait, timeout=timeout)
+
+    def close(self) -> None:
+        for proc in reversed(self.started):
+            if proc.alive:
+                proc.kill()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_live):
+        if proc.alive:
+            proc.kill()
+
+
+@contextlib.asynccontextmanager
+async def serve_in_process(app: Any, *, port: int | None = None) -> AsyncIterator[str]:
+    """Run an ASGI app under uvicorn in this event loop (lifespan on); yields its base URL."""
+    # log_config=None: uvicorn leaves logging alone (its handlers would keep a stale captured stderr)
+    config = uvicorn.Config(app, host=HOST, port=port or free_port(), lifespan="on", log_config=None)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("uvicorn stopped before it started")
+            await asyncio.sleep(0.01)
+        yield f"http://{HOST}:{config.port}"
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=STOP_TIMEOUT_S)
+        except TimeoutError:
+            server.force_exit = True
+            await task

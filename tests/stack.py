@@ -1,0 +1,154 @@
+"""The whole stack as real processes for end-to-end tests: five services (and optionally the recovery worker) wired
+together on free ports, one Redis key prefix, one fresh Postgres database, a span file per service.
+
+    with Stack(tmp_path, redis_url, env={"BOOKING_BUDGET_S": "5"}) as stack:
+        stack.start()                      # hotel-api, payment-api, search-agent, payment-agent, booking-agent
+        booking = stack.book(city="Lisbon")
+        assert stack.wait(booking["booking_id"])["status"] == "confirmed"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+import psycopg
+
+from tests.procs import Processes, ServiceProcess, free_port
+
+CORE = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent")
+URL_ENV = {
+    "hotel-api": "HOTEL_API_URL",
+    "payment-api": "PAYMENT_API_URL",
+    "search-agent": "SEARCH_AGENT_URL",
+    "payment-agent": "PAYMENT_AGENT_URL",
+    "booking-agent": "BOOKING_AGENT_URL",
+    "recovery-worker": "RECOVERY_WORKER_URL",
+}
+TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def stay(days_ahead: int = 40, nights: int = 2) -> tuple[str, str]:
+    checkin = dt.date.today() + dt.timedelta(days=days_ahead)
+    return checkin.isoformat(), (checkin + dt.timedelta(days=nights)).isoformat()
+
+
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    name = f"concierge_e2e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(TEST_DATABASE_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = TEST_DATABASE_URL.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(TEST_DATABASE_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class Stack:
+    def __init__(
+        self,
+        tmp_path: Path,
+        redis_url: str,
+        *,
+        database_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.tmp_path = tmp_path
+        self.ports = {name: free_port() for name in URL_ENV}
+        self.token = secrets.token_hex(16)
+        self.prefix = f"e2e-{uuid.uuid4().hex[:10]}"
+        self.env: dict[str, str] = {
+            "REDIS_URL": redis_url,
+            "CONCIERGE_KEY_PREFIX": self.prefix,
+            "CONCIERGE_SERVICE_TOKEN": self.token,
+            "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
+            "CONCIERGE_LOG_LEVEL": "INFO",
+            **{URL_ENV[name]: f"http://127.0.0.1:{port}" for name, port in self.ports.items()},
+        }
+        if database_url:
+            self.env["DATABASE_URL"] = database_url
+        self.env.update(env or {})
+        self.procs = Processes(tmp_path / "logs", env=self.env)
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        self.services: dict[str, ServiceProcess] = {}
+        self.http = httpx.Client(timeout=30)
+
+    def span_file(self, service: str) -> Path:
+        return self.tmp_path / f"spans-{service}.jsonl"
+
+    def url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.ports[service]}"
+
+    def serve(self, service: str, *, wait: bool = True, env: Mapping[str, str] | None = None) -> ServiceProcess:
+        extra = {"CONCIERGE_SPAN_FILE": str(self.span_file(service)), **(env or {})}
+        proc = self.procs.serve(service, port=self.ports[service], env=extra, wait=wait)
+        self.services[service] = proc
+        return proc
+
+    def start(self, services: tuple[str, ...] = CORE) -> Self:
+        for service in services:
+            self.serve(service)
+        return self
+
+    # --- the user's view -------------------------------------------------------------------------------------
+    def book(self, *, headers: Mapping[str, str] | None = None, **fields: Any) -> dict[str, Any]:
+        checkin, checkout = stay()
+        body = {"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2, "payment_token": "tok_visa"}
+        body.update(fields)
+        response = self.http.post(f"{self.url('booking-agent')}/bookings", json=body, headers=dict(headers or {}))
+        assert response.status_code == 202, response.text
+        return dict(response.json())
+
+    def booking(self, booking_id: str, wait: float = 0) -> dict[str, Any]:
+        response = self.http.get(f"{self.url('booking-agent')}/bookings/{booking_id}", params={"wait": wait})
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def wait(self, booking_id: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            booking = self.booking(booking_id, wait=max(0.1, min(left, 20)))
+            if booking["status"] in {"confirmed", "failed"} or left <= 0:
+                return booking
+            time.sleep(0.05)
+
+    def ledger(self, provider: str) -> dict[str, Any]:
+        return dict(self.http.get(f"{self.url(provider)}/admin/ledger").json())
+
+    def fault(self, provider: str, **fault: Any) -> None:
+        if fault:
+            response = self.http.put(f"{self.url(provider)}/admin/faults", json=fault)
+        else:
+            response = self.http.delete(f"{self.url(provider)}/admin/faults")
+        assert response.status_code in (200, 204), response.text
+
+    def spans(self, service: str) -> list[dict[str, Any]]:
+        path = self.span_file(service)
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def close(self) -> None:
+        self.http.close()
+        self.procs.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
