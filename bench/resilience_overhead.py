@@ -151,7 +151,8 @@ async def run() -> dict[str, Any]:
     bulkhead = Bulkhead("bench-alone", BulkheadConfig(max_concurrent=100, timeout=budget * 2))
     with budget_scope(budget):
         rows["Bulkhead.run alone"] = await measure(lambda: bulkhead.run(trivial))
-    rows["with_retry alone (3 attempts)"] = await measure(lambda: with_retry(trivial, config=RetryConfig()))
+    retry_config = RetryConfig(max_attempts=3)
+    rows["with_retry alone (3 attempts)"] = await measure(lambda: with_retry(trivial, config=retry_config))
 
     async def tenacity_loop() -> int:
         async for attempt in AsyncRetrying(stop=stop_after_attempt(3)):

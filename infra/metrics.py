@@ -21,8 +21,9 @@ Serve them with ``prometheus_client.generate_latest()`` (the service shell's ``/
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -95,6 +96,7 @@ class ResilienceMetrics:
     gauges: _RegistryGauges
     # label values → child: `Counter.labels()` takes a lock and validates on every call; the hook runs per event
     _children: dict[tuple[object, ...], Counter] = field(default_factory=dict)
+    _rejections: dict[str, Counter] = field(default_factory=dict)
 
     def _child(self, counter: Counter, *labels: str) -> Counter:
         cache_key = (id(counter), *labels)
@@ -104,20 +106,34 @@ class ResilienceMetrics:
         return child
 
     def hook(self, event: ResilienceEvent) -> None:
-        if isinstance(event, CircuitRejected):
-            self._child(self.circuit_rejections, event.name).inc()
-        elif isinstance(event, CircuitTransition):
-            self._child(self.transitions, event.name, str(event.old), str(event.new)).inc()
-        elif isinstance(event, RetryScheduled):
-            self._child(self.retries, event.service).inc()
-        elif isinstance(event, RetryGaveUp):
-            self._child(self.retry_give_ups, event.service, event.reason).inc()
-        elif isinstance(event, BulkheadRejected):
-            self._child(self.bulkhead_rejections, event.name).inc()
-        elif isinstance(event, BulkheadTimedOut):
-            self._child(self.bulkhead_timeouts, event.name).inc()
-        elif isinstance(event, BudgetExpired):
-            self._child(self.budget_expirations, event.name).inc()
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_rejected(self, event: CircuitRejected) -> None:
+        # the one per-call event: its own single-key cache keeps a refused call cheap
+        child = self._rejections.get(event.name)
+        if child is None:
+            child = self._rejections[event.name] = self.circuit_rejections.labels(event.name)
+        child.inc()
+
+    def _on_transition(self, event: CircuitTransition) -> None:
+        self._child(self.transitions, event.name, str(event.old), str(event.new)).inc()
+
+    def _on_retry(self, event: RetryScheduled) -> None:
+        self._child(self.retries, event.service).inc()
+
+    def _on_give_up(self, event: RetryGaveUp) -> None:
+        self._child(self.retry_give_ups, event.service, event.reason).inc()
+
+    def _on_bulkhead_rejected(self, event: BulkheadRejected) -> None:
+        self._child(self.bulkhead_rejections, event.name).inc()
+
+    def _on_bulkhead_timeout(self, event: BulkheadTimedOut) -> None:
+        self._child(self.bulkhead_timeouts, event.name).inc()
+
+    def _on_budget_expired(self, event: BudgetExpired) -> None:
+        self._child(self.budget_expirations, event.name).inc()
 
     def _collectors(self) -> Iterator[Collector]:
         yield from (
@@ -131,6 +147,16 @@ class ResilienceMetrics:
             self.gauges,
         )
 
+
+_HANDLERS: dict[type[ResilienceEvent], Callable[[ResilienceMetrics, Any], None]] = {
+    CircuitRejected: ResilienceMetrics._on_rejected,
+    CircuitTransition: ResilienceMetrics._on_transition,
+    RetryScheduled: ResilienceMetrics._on_retry,
+    RetryGaveUp: ResilienceMetrics._on_give_up,
+    BulkheadRejected: ResilienceMetrics._on_bulkhead_rejected,
+    BulkheadTimedOut: ResilienceMetrics._on_bulkhead_timeout,
+    BudgetExpired: ResilienceMetrics._on_budget_expired,
+}
 
 _lock = threading.Lock()
 # id(registry) → metrics; the value keeps the registry alive, so an id is never reused while installed

@@ -23,10 +23,14 @@ class ResilienceError(Exception):
 
 
 class CircuitOpenError(ResilienceError):
+    # The message is formatted only when someone reads it: a rejection is the hot path of an outage.
     def __init__(self, name: str, retry_after: float) -> None:
-        super().__init__(f"circuit {name!r} is open; retry in {retry_after:.1f}s")
+        super().__init__(name, retry_after)
         self.name = name
         self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"circuit {self.name!r} is open; retry in {self.retry_after:.1f}s"
 
 
 class BulkheadFullError(ResilienceError):

@@ -43,6 +43,10 @@ __all__ = [
 
 logger = logging.getLogger("resilience")
 
+# bound once: emit() runs on every refused call, where each attribute lookup shows in the benchmark
+_get_current_span = trace.get_current_span
+_is_enabled_for = logger.isEnabledFor
+
 
 class ResilienceEvent:
     """Base of every event. Subclasses say how they are logged and what they add to the span."""
@@ -225,9 +229,9 @@ def hooks() -> tuple[Hook, ...]:
 def emit(event: ResilienceEvent) -> None:
     """Log ``event``, add it to the current span and hand it to every hook; never raises."""
     try:
-        if logger.isEnabledFor(event.level):
+        if _is_enabled_for(event.level):
             event.log(logger)
-        span = trace.get_current_span()
+        span = _get_current_span()
         if span.is_recording():
             span.add_event(event.span_event, event.attributes())
     except Exception:

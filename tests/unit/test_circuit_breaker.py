@@ -296,6 +296,18 @@ async def test_cancellation_is_not_a_failure_and_is_reraised(clock: FakeClock) -
     assert cb.stats()["failures"] == 0
 
 
+async def test_cancellation_is_never_a_failure_even_when_every_exception_is_expected(clock: FakeClock) -> None:
+    cb = breaker(clock, failure_threshold=1, expected_exception=BaseException)
+    task = asyncio.create_task(cb.call(asyncio.sleep, 10))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cb.state is CircuitState.CLOSED
+    await fail(cb)
+    assert cb.state is CircuitState.OPEN
+
+
 async def test_a_cancelled_probe_frees_its_slot(clock: FakeClock) -> None:
     cb = breaker(clock, failure_threshold=1, success_threshold=1, recovery_timeout=5.0)
     await fail(cb)
