@@ -22,14 +22,41 @@ from graph.nodes import (
     use_tracer_provider,
 )
 
+# The graph builders pull in the A2A SDK and the provider clients; resolve them on first use so importing the
+# decorators (as the recovery CLI does) stays cheap.
+_LAZY = {
+    "BookingState": "graph.booking",
+    "build_booking_graph": "graph.booking",
+    "PaymentState": "graph.payment",
+    "build_payment_graph": "graph.payment",
+    "SearchState": "graph.search",
+    "build_search_graph": "graph.search",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'graph' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
+    "BookingState",
     "ClaimLostError",
     "GraphError",
     "IdempotencyError",
     "IdempotencyStoreError",
     "MissingThreadIdError",
     "NodeResultError",
+    "PaymentState",
     "RedisProvider",
+    "SearchState",
+    "build_booking_graph",
+    "build_payment_graph",
+    "build_search_graph",
     "derive_idempotency_key",
     "fence_scope",
     "fields_digest",
