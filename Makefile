@@ -25,8 +25,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/resilience_overhead.py
 
+# The whole stack as local processes until Ctrl-C; e.g. make up UP_ARGS="--detach --scale booking-agent=2".
 up: $(STAMP)
-	$(BIN)/concierge up
+	$(BIN)/concierge up $(UP_ARGS)
 
 clean:
 	rm -rf $(VENV) .concierge .pytest_cache .mypy_cache .ruff_cache

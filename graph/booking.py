@@ -2,12 +2,13 @@
 
 ::
 
-    START → validate → search → choose → reserve → charge → confirm → finish → END
-               │          │        │         │         │         │
-               └──────────┴────────┴─────────┴─────────┴─────────┴──(error)──▶ compensate → finish
+    START → search → reserve → charge → confirm → finish → END
+              │         │         │         │
+              └─────────┴─────────┴─────────┴──(error)──▶ compensate → finish
 
-- ``search``: A2A ``search_hotels`` on search-agent (``policy_for("search_agent")``).
-- ``choose``: the requested ``hotel_id``, or up to three cheapest offers within ``max_price_per_night``.
+- ``search``: checks the stay, asks search-agent over A2A (``search_hotels``, ``policy_for("search_agent")``) and
+  keeps the candidates: the requested ``hotel_id``, or up to three cheapest offers within ``max_price_per_night``.
+  (Validation and choice are pure and live in this step: every super-step costs a checkpoint write.)
 - ``reserve``: hotel-api hold; a 409 moves on to the next candidate (only when no hotel was requested).
 - ``charge``: A2A ``charge_payment`` on payment-agent (``policy_for("payment_api")``: it is the payment path).
 - ``confirm``: hotel-api confirm.
@@ -39,7 +40,7 @@ from redis.asyncio import Redis
 
 from graph.nodes import idempotency_key, idempotent_node, traced_node
 from graph.search import InvalidSearchError, validate_stay
-from infra.a2a import A2AClient, A2ASkillError
+from infra.a2a import A2AClient, A2AError, A2ASkillError
 from infra.bookings import BookingStore
 from infra.providers.clients import HotelApiClient
 from infra.providers.errors import NoAvailabilityError, ProviderError, ProviderRejectedError
@@ -118,11 +119,7 @@ def classify(exc: BaseException) -> dict[str, Any]:
         return failure("timeout", "the booking ran out of time")
     if isinstance(exc, A2ASkillError):
         return failure("provider_unavailable", f"{exc.code}: {exc.message}")
-    if isinstance(exc, ResilienceError | ProviderError):
-        return failure("provider_unavailable", str(exc))
-    from infra.a2a import A2AError
-
-    if isinstance(exc, A2AError):
+    if isinstance(exc, ResilienceError | ProviderError | A2AError):
         return failure("provider_unavailable", str(exc))
     raise exc
 
@@ -138,16 +135,12 @@ def build_booking_graph(
     async def progress(state: BookingState, status: str) -> None:
         await store.update(state["booking_id"], status=status)
 
-    @traced_node("validate")
-    async def validate(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
+    @traced_node("search")
+    async def search(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
         try:
             validate_stay(state["checkin"], state["checkout"], state["guests"])
         except InvalidSearchError as exc:
             return failure("invalid_request", str(exc))
-        return {"error": None, "charge_attempted": False}
-
-    @traced_node("search")
-    async def search(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
         await progress(state, "searching")
         query = {
             "city": state["city"],
@@ -164,13 +157,9 @@ def build_booking_graph(
         offers = result.get("offers", [])
         if not offers:
             return failure("no_availability", "no hotel matches this search")
-        return {"candidates": offers}
-
-    @traced_node("choose")
-    async def choose(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
         # search-agent already filtered by hotel_id / price and sorted cheapest first
         limit = 1 if state.get("hotel_id") else MAX_CANDIDATES
-        return {"candidates": state["candidates"][:limit]}
+        return {"candidates": offers[:limit], "error": None, "charge_attempted": False}
 
     @traced_node("reserve")
     @idempotent_node(lambda: deps.redis, "reserve", key_fields=["booking_id"])
@@ -278,9 +267,7 @@ def build_booking_graph(
 
     builder = StateGraph(BookingState)
     for name, node in (
-        ("validate", validate),
         ("search", search),
-        ("choose", choose),
         ("reserve", reserve),
         ("charge", charge),
         ("confirm", confirm),
@@ -288,8 +275,8 @@ def build_booking_graph(
         ("finish", finish),
     ):
         builder.add_node(name, node)
-    builder.add_edge(START, "validate")
-    chain = ["validate", "search", "choose", "reserve", "charge", "confirm", "finish"]
+    builder.add_edge(START, "search")
+    chain = ["search", "reserve", "charge", "confirm", "finish"]
     for current, following in itertools.pairwise(chain):
         builder.add_conditional_edges(current, next_or_compensate(following), [following, "compensate"])
     builder.add_edge("compensate", "finish")

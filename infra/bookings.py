@@ -8,6 +8,7 @@ map to booking ids here too, so a retried ``POST /bookings`` finds the booking i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ PUBLIC_FIELDS: Final = (
     "created_at",
     "updated_at",
 )
+FALLBACK_POLL_S: Final = 0.25
 _JSON_FIELDS: Final = frozenset({"error", "guests", "total_price"})
 
 # Creates the record only once; a second create (a retried request, a racing replica) changes nothing.
@@ -72,6 +74,9 @@ class BookingStore:
         self._create = redis.register_script(_CREATE)
         self._update = redis.register_script(_UPDATE)
         self._claim = redis.register_script(_CLAIM_KEY)
+        # Long-polls waiting in this process, woken the moment a run here makes its booking final. A run finished
+        # elsewhere (the recovery worker, another replica) is noticed by the fallback poll.
+        self._waiters: dict[str, set[asyncio.Event]] = {}
 
     @staticmethod
     def _key(booking_id: str) -> str:
@@ -103,6 +108,9 @@ class BookingStore:
         fields["updated_at"] = time.time()
         final = "1" if fields.get("status") in FINAL_STATUSES else "0"
         result = await self._update(keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)])
+        if final == "1":
+            for event in self._waiters.get(booking_id, ()):
+                event.set()
         return int(result) == 1
 
     async def get(self, booking_id: str) -> dict[str, Any] | None:
@@ -126,13 +134,22 @@ class BookingStore:
     async def wait_final(self, booking_id: str, wait_s: float) -> dict[str, Any] | None:
         """The booking once it is final, or as it stands when ``wait_s`` runs out (long polling)."""
         deadline = time.monotonic() + max(0.0, wait_s)
-        delay = 0.02
-        while True:
-            booking = await self.get(booking_id)
-            if booking is None or booking["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
-                return booking
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 1.5, 0.25)
+        event = asyncio.Event()
+        waiters = self._waiters.setdefault(booking_id, set())
+        waiters.add(event)
+        try:
+            while True:
+                booking = await self.get(booking_id)
+                left = deadline - time.monotonic()
+                if booking is None or booking["status"] in FINAL_STATUSES or left <= 0:
+                    return booking
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(left, FALLBACK_POLL_S)):
+                        await event.wait()
+        finally:
+            waiters.discard(event)
+            if not waiters:
+                self._waiters.pop(booking_id, None)
 
     async def in_flight(self) -> int:
         return int(await self._redis.zcard(self._inflight_key()))

@@ -4,7 +4,16 @@ A booking that got its 202 has a run record and a lease (``RunStore.create``); i
 (``RunLease.keep_alive``). If the owner dies the lease expires, an ``OrphanScanner`` hands the run to the
 ``QueueGuard`` (bounded; overflow goes to the ``DeadLetterQueue``), and a consumer takes it from the
 ``RecoveryQueue`` (redelivered if that consumer dies too), acquires the lease with a higher fence and resumes it.
+
+``execute_run`` runs or resumes one graph run under its lease (booking-agent and the consumer share it);
+``RecoveryConsumer`` is the consumer side, and ``recovery.worker`` the service that runs scanner and consumer
+(not imported here: importing it builds the ASGI app).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from recovery.errors import (
     LeaseLostError,
@@ -37,11 +46,31 @@ from recovery.queue import (
 )
 from recovery.scanner import OrphanScanner
 
+if TYPE_CHECKING:
+    from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer, RecoveryOutcome
+    from recovery.runner import RunOutcome, RunResult, execute_run, run_config
+
+# The consumer and the runner pull in LangGraph (about a second of imports): loaded on first use, so that the
+# operator commands (``concierge dlq``) and the scanner start fast.
+_LAZY = {
+    **dict.fromkeys(("ConsumerConfig", "RecoverableGraph", "RecoveryConsumer", "RecoveryOutcome"), "recovery.consumer"),
+    **dict.fromkeys(("RunOutcome", "RunResult", "execute_run", "run_config"), "recovery.runner"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'recovery' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "FINAL_STATUSES",
     "RECOVERY_TAG",
     "AckOutcome",
     "ActiveRun",
+    "ConsumerConfig",
     "DLQEntry",
     "DeadLetterQueue",
     "Delivery",
@@ -51,15 +80,22 @@ __all__ = [
     "OrphanScanner",
     "QueueConfig",
     "QueueGuard",
+    "RecoverableGraph",
+    "RecoveryConsumer",
     "RecoveryError",
+    "RecoveryOutcome",
     "RecoveryQueue",
     "RecoveryStoreError",
     "RunFinalError",
     "RunLease",
     "RunNotFoundError",
+    "RunOutcome",
     "RunRecord",
+    "RunResult",
     "RunStatus",
     "RunStore",
     "active_index_key",
+    "execute_run",
+    "run_config",
     "run_key",
 ]

@@ -414,7 +414,7 @@ class EnqueueResult:
 
 class AckOutcome(StrEnum):
     RECOVERED = "recovered"
-    """The run was resumed and reached a final status: counts in ``recovered_total``."""
+    """A consumer took the run over (holds its lease from here on): counts in ``recovered_total``."""
     SKIPPED = "skipped"
     """Nothing to do (already final, leased by a live owner, no record): counts in ``skipped_total``."""
 

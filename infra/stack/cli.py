@@ -15,7 +15,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from infra.stack.book import register_book
+from infra.stack.down import register_down
+from infra.stack.ops import register_fault, register_kill, register_start, register_stop
 from infra.stack.services import SERVICES, UnknownServiceError, get_service
+from infra.stack.status import register_status
+from infra.stack.up import register_up
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -74,7 +79,25 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Registrar] = [register_serve]
+def register_recovery_commands(subparsers: Subparsers) -> None:
+    """``dlq`` and ``recovery`` (``recovery/cli.py``); imported on use because ``infra`` never imports ``recovery``."""
+    from recovery.cli import register
+
+    register(subparsers)
+
+
+COMMANDS: list[Registrar] = [
+    register_serve,
+    register_up,
+    register_down,
+    register_status,
+    register_book,
+    register_kill,
+    register_stop,
+    register_start,
+    register_fault,
+    register_recovery_commands,
+]
 
 
 def build_parser(commands: Sequence[Registrar] | None = None) -> argparse.ArgumentParser:

@@ -1,0 +1,814 @@
+"""Booking throughput and latency against a real stack, priced against baselines measured in the same run.
+
+Run: ``python bench/booking_throughput.py`` (starts the five services itself: real ``concierge serve`` processes
+on free ports, Postgres checkpointer on a fresh database, a unique Redis key prefix; all removed at the end), or
+``--url http://host:port`` to load a booking-agent that is already running. ``--bookings 5000`` runs until that
+many bookings are confirmed instead of for ``--duration`` seconds and checks that no service's memory grows.
+
+Each of ``--clients`` clients loops: ``POST /bookings`` (a random city of the ten, a random check-in in the next
+300 days, so inventory never runs out and no 409 distorts the numbers), then ``GET /bookings/{id}?wait=`` until the
+booking is final. Latency is from sending the POST to reading ``confirmed``.
+
+Baselines, measured in the same run on the same machine (so noise from a busy machine hits both sides):
+
+- one bare loopback hop: p50 of ``GET /hop`` on a tiny FastAPI app that calls another tiny FastAPI app over httpx,
+  both real uvicorn processes;
+- one checkpoint write: p50 of ``AsyncPostgresSaver.aput`` of a real booking's final checkpoint, same database,
+  through the same pool configuration the services use (``infra.checkpointer.open_checkpointer``).
+
+Targets (2-core machine, fault-free providers): ≥ 25 bookings/s with 16 clients; p50 ≤ 2 × (K hops + W checkpoint
+writes, priced from the baselines); every service's RSS < 250 MB and flat from the 1,000th to the 5,000th booking.
+Prints a markdown table and writes ``bench/results/booking_throughput.json``. Exit status 1 when a target fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+# The repository root, for ``infra``; this script's own directory (``_stack``, the sibling helper that the
+# ``uvicorn --factory _stack:...`` processes import under the same name) is on the path already.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _stack import (
+    CORE_SERVICES,
+    DEFAULT_ADMIN_DATABASE_URL,
+    HopPair,
+    ServiceStack,
+    cpu_seconds,
+    hop_pair,
+    machine_cpu_seconds,
+    rss_kib,
+)
+
+from infra.providers.inventory import CITIES
+
+RESULTS = Path(__file__).resolve().parent / "results" / "booking_throughput.json"
+
+TARGET_BOOKINGS_PER_S = 25.0
+TARGET_LATENCY_FACTOR = 2.0
+TARGET_RSS_MB = 250.0
+RSS_MARKS = (1_000, 5_000)
+# Python's allocators hand pages back lazily, so a process that does not leak still moves by a few MB under
+# concurrent load. 5% of a ~100 MB service is ~5 MB over 4,000 bookings: a leak of ≥ 1.3 KB per booking fails.
+RSS_GROWTH_TOLERANCE = 0.05
+BOOKING_HORIZON_DAYS = 300
+LONG_POLL_S = 20.0
+# BOOKING_BUDGET_S (60 s) plus slack: a booking still pending after this will not finish without recovery.
+MAX_BOOKING_WAIT_S = 90.0
+# No booking final for this long: the stack is wedged; end the phase instead of waiting forever.
+STALL_S = 120.0
+
+# The HTTP hops one booking cannot do without (read from agents/booking.py, graph/booking.py, agents/search.py,
+# graph/search.py, agents/payment.py, graph/payment.py). A long-poll that ends before the booking does adds one
+# more; the bench counts the GETs it actually sent and prints the mean.
+HOPS: tuple[str, ...] = (
+    "client → booking-agent  POST /bookings",
+    "booking-agent → search-agent  A2A search_hotels",
+    "search-agent → hotel-api  GET /hotels",
+    "booking-agent → hotel-api  POST /reservations",
+    "booking-agent → payment-agent  A2A charge_payment",
+    "payment-agent → payment-api  POST /charges",
+    "booking-agent → hotel-api  POST /reservations/{id}/confirm",
+    "client → booking-agent  GET /bookings/{id}?wait= (long-poll)",
+)
+# Checkpoints (``aput``) a graph run writes with durability="sync": LangGraph saves the input (step -1) and the
+# ``__start__`` step (0), then one checkpoint per super-step, i.e. per node on the path the run takes.
+CHECKPOINTS_BEFORE_FIRST_NODE = 2
+
+
+def happy_path(graph: Any, avoid: frozenset[str]) -> list[str]:
+    """The nodes a successful run goes through: the longest START→END path of ``graph`` not touching ``avoid``."""
+    successors: dict[str, list[str]] = {}
+    for edge in graph.get_graph().edges:
+        successors.setdefault(edge.source, []).append(edge.target)
+
+    def longest(node: str, seen: frozenset[str]) -> list[str] | None:
+        if node == "__end__":
+            return [node]
+        paths = [
+            path
+            for target in successors.get(node, [])
+            if target not in avoid and target not in seen
+            if (path := longest(target, seen | {target})) is not None
+        ]
+        return [node, *max(paths, key=len)] if paths else None
+
+    path = longest("__start__", frozenset({"__start__"}))
+    if path is None:
+        raise RuntimeError("the graph has no path from START to END")
+    return path[1:-1]
+
+
+def checkpoints_from_code() -> dict[str, Any]:
+    """Per booking: the booking graph's path to ``confirmed`` and the payment graph's ``charge`` path.
+
+    The graphs are compiled, not run: their builders only keep the dependencies for later, so placeholders do.
+    The search graph has no checkpointer and writes nothing.
+    """
+    from types import SimpleNamespace
+    from typing import cast
+
+    from graph.booking import BookingDeps, build_booking_graph
+    from graph.payment import build_payment_graph
+
+    placeholders = SimpleNamespace(redis=None, bookings=None, hotels=None, search_agent=None, payment_agent=None)
+    booking = happy_path(build_booking_graph(cast(BookingDeps, placeholders)), frozenset({"compensate"}))
+    payment = happy_path(build_payment_graph(cast(Any, None), cast(Any, None)), frozenset({"refund"}))
+    return {
+        "booking_path": booking,
+        "payment_path": payment,
+        "booking_checkpoints": CHECKPOINTS_BEFORE_FIRST_NODE + len(booking),
+        "payment_checkpoints": CHECKPOINTS_BEFORE_FIRST_NODE + len(payment),
+    }
+
+
+# --------------------------------------------------------------------------------------------------- statistics
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """p50/p95/p99/mean/max in the unit of ``values`` (empty → NaN)."""
+    if not values:
+        return {k: float("nan") for k in ("p50", "p95", "p99", "mean", "max")}
+    if len(values) == 1:
+        v = values[0]
+        return {"p50": v, "p95": v, "p99": v, "mean": v, "max": v}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {
+        "p50": cuts[49],
+        "p95": cuts[94],
+        "p99": cuts[98],
+        "mean": statistics.fmean(values),
+        "max": max(values),
+    }
+
+
+# --------------------------------------------------------------------------------------------------- load
+
+
+class _Unfinished(Exception):
+    """A booking this client gave up on (refused, unknown, or never final); the message is the error's name."""
+
+
+@dataclass
+class Completed:
+    started: float
+    finished: float
+    status: str
+    polls: int
+    notice_delay_s: float
+    """From the moment the service recorded the final status (``updated_at``) to this client reading it."""
+
+    @property
+    def latency_s(self) -> float:
+        return self.finished - self.started
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    started: float
+    window_end: float
+    completed: list[Completed] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    rss_kib_at: dict[int, dict[str, int]] = field(default_factory=dict)
+    confirmed_ids: list[str] = field(default_factory=list)
+
+    def in_window(self) -> list[Completed]:
+        return [c for c in self.completed if c.finished <= self.window_end]
+
+    def confirmed_latencies_s(self) -> list[float]:
+        return [c.latency_s for c in self.in_window() if c.status == "confirmed"]
+
+    @property
+    def window_s(self) -> float:
+        return self.window_end - self.started
+
+    def bookings_per_s(self) -> float:
+        return len(self.confirmed_latencies_s()) / self.window_s if self.window_s > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        window = self.in_window()
+        latencies = self.confirmed_latencies_s()
+        return {
+            "clients": self.clients,
+            "window_s": self.window_s,
+            "confirmed": len(latencies),
+            "failed": sum(1 for c in window if c.status != "confirmed"),
+            "bookings_per_s": self.bookings_per_s(),
+            "latency_ms": {k: v * 1000 for k, v in percentiles(latencies).items()},
+            "mean_polls_per_booking": statistics.fmean(c.polls for c in window) if window else float("nan"),
+            "notice_delay_ms": {k: v * 1000 for k, v in percentiles([c.notice_delay_s for c in window]).items()},
+            "errors": dict(self.errors),
+            "rss_kib_at_confirmed": {str(k): v for k, v in sorted(self.rss_kib_at.items())},
+        }
+
+
+def _epoch(iso: str) -> float:
+    """``2025-01-31T12:00:00.123Z`` (how the booking API writes times) as a Unix timestamp."""
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+class BookingFactory:
+    """Bookings spread over the ten cities and the next 300 days, so no hotel runs out of rooms."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._today = dt.date.today()
+
+    def __call__(self) -> dict[str, Any]:
+        checkin = self._today + dt.timedelta(days=self._rng.randint(1, BOOKING_HORIZON_DAYS))
+        checkout = checkin + dt.timedelta(days=self._rng.randint(1, 3))
+        return {
+            "city": self._rng.choice(CITIES),
+            "checkin": checkin.isoformat(),
+            "checkout": checkout.isoformat(),
+            "guests": self._rng.randint(1, 2),
+            "payment_token": "tok_visa",
+        }
+
+
+@dataclass(frozen=True)
+class StopRule:
+    seconds: float | None = None
+    confirmed: int | None = None
+
+    def describe(self) -> str:
+        return f"{self.confirmed} confirmed bookings" if self.confirmed else f"{self.seconds:g} s"
+
+
+async def run_load(
+    http: httpx.AsyncClient,
+    *,
+    clients: int,
+    stop: StopRule,
+    new_booking: Callable[[], dict[str, Any]],
+    pids: Mapping[str, int] | None = None,
+    keep_ids: int = 0,
+) -> LoadResult:
+    """``clients`` closed-loop clients until ``stop``; bookings in flight then are finished but not counted."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    result = LoadResult(clients=clients, started=loop.time(), window_end=float("inf"))
+    confirmed = 0
+    last_progress = loop.time()
+
+    def close_window() -> None:
+        if not stopping.is_set():
+            result.window_end = loop.time()
+            stopping.set()
+
+    def on_confirmed(booking_id: str) -> None:
+        nonlocal confirmed
+        confirmed += 1
+        if len(result.confirmed_ids) < keep_ids:
+            result.confirmed_ids.append(booking_id)
+        if pids and confirmed in RSS_MARKS:
+            result.rss_kib_at[confirmed] = {name: rss_kib(pid) for name, pid in pids.items()}
+        if stop.confirmed is not None and confirmed >= stop.confirmed:
+            close_window()
+
+    async def book(body: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
+        """POST, then long-poll until final: (booking id, final booking, GETs sent); ``_Unfinished`` otherwise."""
+        response = await http.post("/bookings", json=body)
+        if response.status_code != 202:
+            raise _Unfinished(f"POST {response.status_code}")
+        booking_id = str(response.json()["booking_id"])
+        give_up = loop.time() + MAX_BOOKING_WAIT_S
+        polls = 0
+        while True:
+            polls += 1
+            response = await http.get(f"/bookings/{booking_id}", params={"wait": LONG_POLL_S})
+            if response.status_code != 200:
+                raise _Unfinished(f"GET {response.status_code}")
+            booking: dict[str, Any] = response.json()
+            if booking["status"] in {"confirmed", "failed"}:
+                return booking_id, booking, polls
+            if loop.time() >= give_up:
+                # without a recovery worker a run that crashed stays pending forever; this client moves on
+                raise _Unfinished(f"not final after {MAX_BOOKING_WAIT_S:g} s")
+
+    async def one_client() -> None:
+        nonlocal last_progress
+        while not stopping.is_set():
+            started = loop.time()
+            try:
+                booking_id, booking, polls = await book(new_booking())
+            except (_Unfinished, httpx.HTTPError) as exc:
+                result.errors[str(exc) if isinstance(exc, _Unfinished) else type(exc).__name__] += 1
+                await asyncio.sleep(0.05)  # a refusing service must not turn this loop into a busy spin
+                continue
+            last_progress = loop.time()
+            status = str(booking["status"])
+            notice_delay = time.time() - _epoch(booking["updated_at"])
+            result.completed.append(Completed(started, loop.time(), status, polls, notice_delay))
+            if status == "confirmed":
+                on_confirmed(booking_id)
+            else:
+                result.errors[f"failed: {(booking.get('error') or {}).get('code')}"] += 1
+
+    async def watchdog() -> None:
+        while not stopping.is_set():
+            await asyncio.sleep(1.0)
+            if loop.time() - last_progress > STALL_S:
+                result.errors[f"stalled: nothing final for {STALL_S:g} s"] += 1
+                close_window()
+
+    tasks = [asyncio.create_task(one_client(), name=f"client-{i}") for i in range(clients)]
+    tasks.append(asyncio.create_task(watchdog(), name="watchdog"))
+    timer = loop.call_later(stop.seconds, close_window) if stop.seconds is not None else None
+    try:
+        await stopping.wait()
+        await asyncio.gather(*tasks)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------- baselines
+
+
+async def timed_requests(
+    http: httpx.AsyncClient, url: str, samples: int, pids: Sequence[int], warmup: int = 100
+) -> tuple[list[float], float]:
+    """Seconds per sequential ``GET url`` (after a warm-up that fills connection pools on both sides), and the
+    CPU milliseconds per request used by ``pids`` together."""
+    for _ in range(warmup):
+        (await http.get(url)).raise_for_status()
+    times = []
+    cpu_before = sum(cpu_seconds(pid) for pid in pids)
+    for _ in range(samples):
+        start = time.perf_counter()
+        response = await http.get(url)
+        times.append(time.perf_counter() - start)
+        response.raise_for_status()
+    cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu_before) * 1000 / samples
+    return times, cpu_ms
+
+
+async def hop_baseline(pair: HopPair, samples: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=30) as http:
+        hop, hop_cpu_ms = await timed_requests(http, f"{pair.front}/hop", samples, pair.pids)
+        direct, direct_cpu_ms = await timed_requests(http, f"{pair.backend}/pong", samples, pair.pids[1:])
+    return {
+        "samples": samples,
+        "hop_ms": {k: v * 1000 for k, v in percentiles(hop).items()},
+        "hop_server_cpu_ms": hop_cpu_ms,
+        "direct_request_ms": {k: v * 1000 for k, v in percentiles(direct).items()},
+        "direct_server_cpu_ms": direct_cpu_ms,
+    }
+
+
+async def checkpoint_baseline(database_url: str, booking_id: str, samples: int) -> dict[str, Any]:
+    """``aput`` of the final checkpoint of ``booking_id`` (all its channels) onto fresh threads, one at a time."""
+    from infra.checkpointer import open_checkpointer
+
+    async with open_checkpointer(database_url) as saver:
+        stored = await saver.aget_tuple({"configurable": {"thread_id": booking_id, "checkpoint_ns": ""}})
+        if stored is None:
+            raise RuntimeError(f"no checkpoint for booking {booking_id}: is the stack using {database_url}?")
+        checkpoint, metadata = stored.checkpoint, stored.metadata
+        versions = dict(checkpoint["channel_versions"])
+        size = sum(len(saver.serde.dumps_typed(v)[1]) for v in checkpoint["channel_values"].values())
+        run = uuid.uuid4().hex[:8]
+
+        async def put(i: int) -> float:
+            config = {"configurable": {"thread_id": f"bench-baseline-{run}-{i}", "checkpoint_ns": ""}}
+            start = time.perf_counter()
+            await saver.aput(config, checkpoint, metadata, versions)  # type: ignore[arg-type]
+            return time.perf_counter() - start
+
+        try:
+            for i in range(min(50, samples)):
+                await put(-1 - i)
+            cpu_before = time.process_time()
+            times = [await put(i) for i in range(samples)]
+            cpu_ms = (time.process_time() - cpu_before) * 1000 / samples
+        finally:
+            # with --url this is somebody's database: leave nothing behind
+            for i in range(-min(50, samples), samples):
+                await saver.adelete_thread(f"bench-baseline-{run}-{i}")
+    return {
+        "samples": samples,
+        "channels": len(versions),
+        "serialized_bytes": size,
+        "aput_ms": {k: v * 1000 for k, v in percentiles(times).items()},
+        "aput_client_cpu_ms": cpu_ms,
+    }
+
+
+async def checkpoints_written(database_url: str, booking_ids: Sequence[str]) -> dict[str, Any]:
+    """What the database says one booking wrote: checkpoints (``aput``) and task-write batches (``aput_writes``)."""
+    import psycopg
+
+    per_booking: list[dict[str, int]] = []
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        for booking_id in booking_ids:
+            counts: dict[str, int] = {}
+            for graph, thread in (("booking", booking_id), ("payment", f"{booking_id}:charge")):
+                cur = await conn.execute(
+                    "SELECT count(*) FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''", (thread,)
+                )
+                row = await cur.fetchone()
+                counts[f"{graph}_checkpoints"] = int(row[0]) if row else 0
+                cur = await conn.execute(
+                    "SELECT count(DISTINCT (checkpoint_id, task_id)) FROM checkpoint_writes "
+                    "WHERE thread_id = %s AND checkpoint_ns = ''",
+                    (thread,),
+                )
+                row = await cur.fetchone()
+                counts[f"{graph}_write_batches"] = int(row[0]) if row else 0
+            per_booking.append(counts)
+    if not per_booking:
+        return {"bookings_checked": 0}
+    most_common = Counter(json.dumps(c, sort_keys=True) for c in per_booking).most_common(1)[0][0]
+    typical: dict[str, int] = json.loads(most_common)
+    return {
+        "bookings_checked": len(per_booking),
+        "all_alike": all(c == typical for c in per_booking),
+        **typical,
+        "checkpoints": typical["booking_checkpoints"] + typical["payment_checkpoints"],
+        "write_batches": typical["booking_write_batches"] + typical["payment_write_batches"],
+    }
+
+
+# --------------------------------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class Options:
+    url: str | None
+    clients: int
+    duration_s: float
+    bookings: int | None
+    warmup_s: float
+    unloaded: int
+    hop_samples: int
+    checkpoint_samples: int
+    redis_url: str
+    admin_database_url: str
+    database_url: str | None
+    seed: int
+    output: Path
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    measured: str
+    target: str
+    ok: bool | None
+    """None: could not be evaluated in this run (shown as n/a, not as a failure)."""
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    services: dict[str, float]
+    bench: float
+    machine_busy: float
+    machine_total: float
+
+    @classmethod
+    def take(cls, pids: Mapping[str, int]) -> CpuSnapshot:
+        busy, total = machine_cpu_seconds()
+        return cls({n: cpu_seconds(p) for n, p in pids.items()}, time.process_time(), busy, total)
+
+    def per_booking_ms(self, before: CpuSnapshot, bookings: int) -> dict[str, float]:
+        """CPU milliseconds per booking of each service, of this load generator, of the whole machine."""
+        n = max(bookings, 1)
+        out = {name: (self.services[name] - before.services[name]) * 1000 / n for name in self.services}
+        out["bench (load generator)"] = (self.bench - before.bench) * 1000 / n
+        out["whole machine"] = (self.machine_busy - before.machine_busy) * 1000 / n
+        out["machine busy fraction"] = (self.machine_busy - before.machine_busy) / max(
+            self.machine_total - before.machine_total, 1e-9
+        )
+        return out
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+async def measure(
+    options: Options, booking_url: str, database_url: str | None, pids: Mapping[str, int]
+) -> dict[str, Any]:
+    new_booking = BookingFactory(options.seed)
+    limits = httpx.Limits(max_connections=options.clients * 2, max_keepalive_connections=options.clients * 2)
+    result: dict[str, Any] = {"loadavg_start": loadavg(), "checkpoints_from_code": checkpoints_from_code()}
+    async with httpx.AsyncClient(base_url=booking_url, timeout=LONG_POLL_S + 30, limits=limits) as http:
+        log(f"warm-up: {options.clients} clients for {options.warmup_s:g} s")
+        warm = await run_load(
+            http,
+            clients=options.clients,
+            stop=StopRule(seconds=options.warmup_s),
+            new_booking=new_booking,
+            keep_ids=1,
+        )
+        if not warm.confirmed_ids:
+            raise RuntimeError(f"no booking was confirmed during the warm-up: {dict(warm.errors)}")
+
+        log(f"baseline: bare FastAPI→FastAPI hop, {options.hop_samples} requests")
+        with hop_pair() as pair:
+            result["hop_baseline"] = await hop_baseline(pair, options.hop_samples)
+        if database_url:
+            log(f"baseline: AsyncPostgresSaver.aput, {options.checkpoint_samples} writes")
+            result["checkpoint_baseline"] = await checkpoint_baseline(
+                database_url, warm.confirmed_ids[0], options.checkpoint_samples
+            )
+
+        log(f"unloaded: 1 client, {options.unloaded} bookings")
+        cpu_before = CpuSnapshot.take(pids)
+        unloaded = await run_load(
+            http, clients=1, stop=StopRule(confirmed=options.unloaded), new_booking=new_booking, keep_ids=20
+        )
+        result["unloaded"] = unloaded.summary()
+        result["unloaded"]["cpu_ms_per_booking"] = CpuSnapshot.take(pids).per_booking_ms(
+            cpu_before, len(unloaded.completed)
+        )
+
+        stop = StopRule(confirmed=options.bookings) if options.bookings else StopRule(seconds=options.duration_s)
+        log(f"load: {options.clients} clients until {stop.describe()}")
+        rss_before = {name: rss_kib(pid) for name, pid in pids.items()}
+        cpu_before = CpuSnapshot.take(pids)
+        loaded = await run_load(http, clients=options.clients, stop=stop, new_booking=new_booking, pids=pids)
+        result["loaded"] = loaded.summary()
+        result["loaded"]["cpu_ms_per_booking"] = CpuSnapshot.take(pids).per_booking_ms(
+            cpu_before, len(loaded.completed)
+        )
+        result["rss_kib"] = {
+            "after_warmup": rss_before,
+            **{f"at_{mark}": loaded.rss_kib_at[mark] for mark in RSS_MARKS if mark in loaded.rss_kib_at},
+            "end": {name: rss_kib(pid) for name, pid in pids.items()},
+        }
+        if database_url:
+            result["writes_per_booking"] = await checkpoints_written(database_url, unloaded.confirmed_ids)
+    result["loadavg_end"] = loadavg()
+    return result
+
+
+def evaluate(options: Options, result: dict[str, Any]) -> tuple[list[Target], dict[str, Any]]:
+    loaded, unloaded = result["loaded"], result["unloaded"]
+    hop_ms = result["hop_baseline"]["hop_ms"]["p50"]
+    written = result.get("writes_per_booking", {})
+    from_code = result["checkpoints_from_code"]
+    w_code = from_code["booking_checkpoints"] + from_code["payment_checkpoints"]
+    # what the database holds wins: it is what the run did
+    w = int(written.get("checkpoints") or w_code)
+    k = len(HOPS)
+    parts: dict[str, Any] = {"K_hops": k, "W_checkpoint_writes": w, "W_from_code": w_code, "hop_p50_ms": hop_ms}
+    targets = [
+        Target(
+            f"throughput, {options.clients} clients",
+            f"{loaded['bookings_per_s']:.1f} bookings/s",
+            f"≥ {TARGET_BOOKINGS_PER_S:g}",
+            loaded["bookings_per_s"] >= TARGET_BOOKINGS_PER_S,
+        )
+    ]
+    if "checkpoint_baseline" in result:
+        aput_ms = result["checkpoint_baseline"]["aput_ms"]["p50"]
+        unavoidable = k * hop_ms + w * aput_ms
+        bound = TARGET_LATENCY_FACTOR * unavoidable
+        parts.update(aput_p50_ms=aput_ms, unavoidable_ms=unavoidable, latency_bound_ms=bound)
+        for label, summary in ((f"{options.clients} clients", loaded), ("1 client (unloaded)", unloaded)):
+            p50 = summary["latency_ms"]["p50"]
+            targets.append(
+                Target(
+                    f"p50 latency to confirmed, {label}",
+                    f"{p50:.1f} ms ({p50 / unavoidable:.1f}× parts)",
+                    f"≤ {bound:.1f} ms (2 × {k}·{hop_ms:.2f} + {w}·{aput_ms:.2f})",
+                    p50 <= bound,
+                )
+            )
+    rss = result.get("rss_kib", {})
+    for service in rss.get("end", {}):
+        peak_mb = max(sample[service] for sample in rss.values()) / 1024
+        targets.append(
+            Target(f"RSS {service}", f"{peak_mb:.0f} MB peak", f"< {TARGET_RSS_MB:g} MB", peak_mb < TARGET_RSS_MB)
+        )
+    first, last = (f"at_{mark}" for mark in RSS_MARKS)
+    for service in rss.get("end", {}):
+        if first in rss and last in rss:
+            before, after = rss[first][service] / 1024, rss[last][service] / 1024
+            growth = after - before
+            targets.append(
+                Target(
+                    f"RSS {service}, #{RSS_MARKS[0]:,} → #{RSS_MARKS[1]:,}",
+                    f"{before:.0f} → {after:.0f} MB ({growth:+.1f})",
+                    f"≤ +{RSS_GROWTH_TOLERANCE:.0%}",
+                    growth <= RSS_GROWTH_TOLERANCE * before,
+                )
+            )
+        else:
+            targets.append(Target(f"RSS {service}, #{RSS_MARKS[0]:,} → #{RSS_MARKS[1]:,}", "not reached", "flat", None))
+    return targets, parts
+
+
+def report(options: Options, result: dict[str, Any], targets: list[Target], parts: dict[str, Any]) -> None:
+    hop, loaded, unloaded = result["hop_baseline"], result["loaded"], result["unloaded"]
+    print(f"\n# booking throughput: {options.clients} clients, {platform.node()} ({os.cpu_count()} CPUs)\n")
+    print(
+        f"load average {result['loadavg_start']} at start, {result['loadavg_end']} at end"
+        " (the machine is shared: numbers are noisy when it is busy)\n"
+    )
+    print(
+        "| phase | confirmed | bookings/s | p50 ms | p95 ms | p99 ms | max ms | GETs/booking "
+        "| final→client p50 ms | errors |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for label, s in ((f"{options.clients} clients", loaded), ("1 client", unloaded)):
+        lat = s["latency_ms"]
+        print(
+            f"| {label} | {s['confirmed']} | {s['bookings_per_s']:.1f} | {lat['p50']:.1f} | {lat['p95']:.1f} "
+            f"| {lat['p99']:.1f} | {lat['max']:.1f} | {s['mean_polls_per_booking']:.2f} "
+            f"| {s['notice_delay_ms']['p50']:.1f} | {s['errors'] or '-'} |"
+        )
+    print("\n| baseline (same run) | p50 ms | p95 ms | server CPU ms |")
+    print("|---|---:|---:|---:|")
+    print(
+        f"| bare FastAPI→FastAPI hop (request that makes one hop) | {hop['hop_ms']['p50']:.2f} "
+        f"| {hop['hop_ms']['p95']:.2f} | {hop['hop_server_cpu_ms']:.2f} |"
+    )
+    print(
+        f"| one direct request (no hop), for scale | {hop['direct_request_ms']['p50']:.2f} "
+        f"| {hop['direct_request_ms']['p95']:.2f} | {hop['direct_server_cpu_ms']:.2f} |"
+    )
+    if "checkpoint_baseline" in result:
+        cp = result["checkpoint_baseline"]
+        print(
+            f"| AsyncPostgresSaver.aput, booking-sized ({cp['channels']} channels, {cp['serialized_bytes']} B) "
+            f"| {cp['aput_ms']['p50']:.2f} | {cp['aput_ms']['p95']:.2f} | {cp['aput_client_cpu_ms']:.2f} (client) |"
+        )
+    print(f"\n| CPU ms per booking | {options.clients} clients | 1 client |")
+    print("|---|---:|---:|")
+    for name, ms in loaded["cpu_ms_per_booking"].items():
+        alone = unloaded["cpu_ms_per_booking"][name]
+        if name == "machine busy fraction":
+            print(f"| {name} | {ms:.0%} | {alone:.0%} |")
+        else:
+            print(f"| {name} | {ms:.1f} | {alone:.1f} |")
+    machine_ms = loaded["cpu_ms_per_booking"]["whole machine"]
+    print(
+        f"\n{os.cpu_count()} CPUs / {machine_ms:.1f} CPU ms per booking (whole machine, other users included) → "
+        f"at most {(os.cpu_count() or 1) * 1000 / machine_ms:.1f} bookings/s at this cost"
+    )
+    print(f"\nK = {parts['K_hops']} HTTP hops per booking:")
+    for hop_name in HOPS:
+        print(f"  - {hop_name}")
+    written = result.get("writes_per_booking")
+    code = result["checkpoints_from_code"]
+    print(
+        f"W = {parts['W_checkpoint_writes']} checkpoint writes per booking; from the code: booking "
+        f"{CHECKPOINTS_BEFORE_FIRST_NODE} + {len(code['booking_path'])} ({' → '.join(code['booking_path'])}) = "
+        f"{code['booking_checkpoints']}, payment {CHECKPOINTS_BEFORE_FIRST_NODE} + {len(code['payment_path'])} "
+        f"({' → '.join(code['payment_path'])}) = {code['payment_checkpoints']}"
+    )
+    if written and written.get("bookings_checked"):
+        print(
+            f"  database, {written['bookings_checked']} bookings: {written['booking_checkpoints']} booking + "
+            f"{written['payment_checkpoints']} payment checkpoints (all alike: {written['all_alike']}); plus "
+            f"{written['write_batches']} aput_writes batches, not counted in W"
+        )
+    if "unavoidable_ms" in parts:
+        bound = parts["latency_bound_ms"]
+        print(
+            f"unavoidable parts = {parts['K_hops']} × {parts['hop_p50_ms']:.2f} + {parts['W_checkpoint_writes']} × "
+            f"{parts['aput_p50_ms']:.2f} = {parts['unavoidable_ms']:.1f} ms; bound = 2 × that = {bound:.1f} ms"
+        )
+        # Little's law for a closed loop: clients = throughput × latency, whatever the stack does.
+        print(
+            f"with {options.clients} closed-loop clients, p50 ≈ {options.clients} / throughput: a p50 of "
+            f"{bound:.0f} ms needs ≈ {options.clients * 1000 / bound:.0f} bookings/s"
+        )
+    print("\n| target | measured | target | result |")
+    print("|---|---|---|---|")
+    for t in targets:
+        verdict = "n/a" if t.ok is None else ("PASS" if t.ok else "FAIL")
+        print(f"| {t.name} | {t.measured} | {t.target} | {verdict} |")
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN (a phase with no samples) as null: strict JSON readers refuse NaN."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def target_stack(options: Options) -> Iterator[tuple[str, str | None, dict[str, int]]]:
+    """(booking-agent URL, checkpointer database URL or None, service pids): given, or a stack started here."""
+    if options.url:
+        yield options.url.rstrip("/"), options.database_url, {}
+        return
+    log("starting the stack: " + ", ".join(CORE_SERVICES))
+    with ServiceStack(redis_url=options.redis_url, admin_database_url=options.admin_database_url) as stack:
+        try:
+            yield stack.url("booking-agent"), stack.database_url, stack.pids()
+        except BaseException:
+            log("the run failed; the services' logs end with:\n" + stack.log_tails())
+            raise
+        finally:
+            log("stopping the stack, dropping its database and Redis keys")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    # the load generator shares two cores with the stack: the cheaper its loop, the less it distorts the numbers
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--url", help="booking-agent of a running stack (default: start one)")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load (default 30)")
+    parser.add_argument("--bookings", type=int, help="run until this many are confirmed instead (e.g. 5000)")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured load first (default 3)")
+    parser.add_argument("--unloaded", type=int, default=40, help="bookings by one client alone (default 40)")
+    parser.add_argument("--hop-samples", type=int, default=1000)
+    parser.add_argument("--checkpoint-samples", type=int, default=300)
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--admin-database-url", default=DEFAULT_ADMIN_DATABASE_URL)
+    parser.add_argument(
+        "--database-url", help="with --url: the stack's checkpointer database (for the aput baseline and W)"
+    )
+    parser.add_argument("--seed", type=int, default=20240917)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.clients < 1 or args.duration <= 0 or (args.bookings is not None and args.bookings < 1):
+        parser.error("--clients, --duration and --bookings must be positive")
+    return Options(
+        url=args.url,
+        clients=args.clients,
+        duration_s=args.duration,
+        bookings=args.bookings,
+        warmup_s=args.warmup,
+        unloaded=args.unloaded,
+        hop_samples=args.hop_samples,
+        checkpoint_samples=args.checkpoint_samples,
+        redis_url=args.redis_url,
+        admin_database_url=args.admin_database_url,
+        database_url=args.database_url,
+        seed=args.seed,
+        output=args.output,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    with target_stack(options) as (booking_url, database_url, pids), asyncio.Runner(loop_factory=new_event_loop) as r:
+        result = r.run(measure(options, booking_url, database_url, pids))
+    targets, parts = evaluate(options, result)
+    report(options, result, targets, parts)
+    summary = {
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
+        **result,
+        "parts": parts,
+        "hops": list(HOPS),
+        "targets": [asdict(t) for t in targets],
+        "environment": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        },
+    }
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    print(f"\nwrote {options.output}")
+    return 0 if all(t.ok is not False for t in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,502 @@
+"""The recovery consumer: takes orphaned runs off the recovery queue and drives each one to a final state.
+
+For every delivery::
+
+    take (reliable) ─▶ run record? ──none / final──▶ ack "skipped"
+                          │
+                          ▼
+                   RunStore.acquire (fenced) ──held by a live owner──▶ ack "skipped" (the holder answers for it)
+                          │
+                          ▼  ack "recovered" at once: from here the lease stands for the run
+                   attempt n (n = run record's attempts + 1), inside the ``recovery_worker`` bulkhead:
+                       prepare (recreate what the run expects, e.g. the booking record)
+                       aget_state: no checkpoint → run from the stored input · steps left → resume (input None)
+                                   · final → mark done
+                       failed → full-jitter backoff (holding the lease) → attempt n + 1
+                   attempts exhausted (``RECOVERY_MAX_ATTEMPTS``) → give up:
+                       compensate: update the state with the graph's "give up" error so the saga routes to its
+                       compensation, and run it once more → DLQ (``max_attempts``, last error)
+                       compensation failed too → DLQ, run ``dead_lettered``, booking as it stands: an operator
+                       requeues it
+
+**Ack right after the lease, not visibility extensions.** The run lease already is a heartbeat with fencing, and
+its expiry already sends the run back through the orphan scanner. Keeping the delivery open as well would be a
+second liveness signal with a second timeout: a worker that dies mid-run would be noticed only when the *later* of
+the two ran out (``RECOVERY_VISIBILITY_TIMEOUT``, 30 s, against ``RUN_LEASE_TTL``, 5 s), and the two could
+disagree about who owns the run. With the ack at acquisition a dead worker's run is recovered after lease TTL +
+scan interval, exactly like a dead booking-agent's, and the visibility timeout only covers the short window between
+``take`` and ``acquire``. Consequences:
+
+- ``recovered_total`` (queue stats) counts runs a consumer *took over*; a run that then exhausts its attempts is
+  counted in ``dead_lettered_total`` as well;
+- the attempt counter lives on the run record (fenced ``increment_attempts``), not on the delivery, so it survives
+  worker crashes: a run that kills every worker that resumes it still reaches the DLQ after
+  ``RECOVERY_MAX_ATTEMPTS`` takes. A DLQ requeue resets it.
+
+**Compensation when recovery gives up** follows the saga's own path rather than undoing side effects here: the
+booking shows ``failed`` only after its compensation node ran (holds cancelled, charges refunded). If that run fails
+too (the dependency that broke the resumes is still broken), the booking is left as it stands and the run stays in
+the DLQ, ``dead_lettered``; ``concierge dlq requeue <thread id>`` gives it a fresh set of attempts once the cause is
+fixed, from its last checkpoint: if the give-up error could not even be written (the checkpoint store was what
+broke), the booking can still complete normally; if it was written, the requeue finishes the compensation. The DLQ
+entry is written before the run is marked ``dead_lettered``: a crash in between leaves a run the operator can still
+see, never a dead-lettered run outside the DLQ.
+
+A checkpoint whose step finished but was never saved (the store failed right after a side effect) keeps that step's
+result as pending writes: a resume applies them instead of running the step again, and a give-up records them with
+the error so the compensation sees, say, the hold it must cancel.
+
+**Shutdown** (``stop``): no new takes; a run in a graph step stops at the next step boundary and is handed back
+(lease released, run re-enqueued at once, so another worker does not wait for the TTL); a run waiting out a backoff
+is handed back the same way; whatever is still busy after the grace period is cancelled, which hands it back too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import StateSnapshot
+
+from infra.settings import Settings, get_settings
+from recovery.errors import LeaseLostError, RecoveryError, RecoveryStoreError
+from recovery.leases import RunLease, RunRecord, RunStatus, RunStore
+from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
+from recovery.runner import RunOutcome, RunResult, execute_run, run_config
+from resilience import Bulkhead, RetryConfig, backoff_delay, bulkhead_registry
+from resilience.budget import detached_budget
+
+__all__ = [
+    "BULKHEAD_NAME",
+    "DLQ_REASON_MAX_ATTEMPTS",
+    "DLQ_REASON_UNKNOWN_GRAPH",
+    "ConsumerConfig",
+    "RecoverableGraph",
+    "RecoveryConsumer",
+    "RecoveryOutcome",
+]
+
+logger = logging.getLogger(__name__)
+
+BULKHEAD_NAME = "recovery_worker"
+DLQ_REASON_MAX_ATTEMPTS = "max_attempts"
+DLQ_REASON_UNKNOWN_GRAPH = "unknown_graph"
+_MAX_ERROR_CHARS = 500
+
+Sleep = Callable[[float], Awaitable[object]]
+Graph = CompiledStateGraph[Any, Any, Any, Any]
+
+
+class RecoveryOutcome(StrEnum):
+    RECOVERED = "recovered"
+    """The run reached a final state (resumed to the end, or its checkpoint was already final)."""
+    SKIPPED = "skipped"
+    """Nothing to do: no run record, already final, or a live owner holds the lease."""
+    HANDED_BACK = "handed_back"
+    """This consumer is stopping: the run was released and re-enqueued for another consumer."""
+    LOST = "lost"
+    """Another owner took the run over mid-way; it is theirs now."""
+    COMPENSATED = "compensated"
+    """Gave up after the last attempt; the compensation ran (the run is final) and the DLQ keeps the record."""
+    DEAD_LETTERED = "dead_lettered"
+    """Gave up and could not compensate either: the run waits in the DLQ for an operator."""
+    FAILED = "failed"
+    """The consumer itself could not proceed (Redis unreachable); the run comes back by redelivery or its lease."""
+
+
+@dataclass(frozen=True)
+class RecoverableGraph:
+    """What the consumer needs to know about one kind of run (``RunRecord.graph`` names it)."""
+
+    graph: Graph
+    give_up_update: Callable[[Mapping[str, Any], str], dict[str, Any]]
+    """The state update that sends the run to its compensation when recovery gives up, from the current state
+    values and the last error."""
+    prepare: Callable[[RunRecord], Awaitable[object]] | None = None
+    """Recreate what the run expects to exist before it resumes (the booking record for bookings); idempotent."""
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    max_attempts: int = 3
+    """Attempts per run before giving up (``RECOVERY_MAX_ATTEMPTS``)."""
+    budget_s: float = 60.0
+    """Each attempt's own timeout budget (``BOOKING_BUDGET_S``)."""
+    backoff: RetryConfig = field(default_factory=lambda: RetryConfig(base_delay=1.0, max_delay=10.0))
+    """Only the delay fields are used: the wait between two attempts of one run."""
+    take_wait: float = 0.25
+    """How long one ``take`` polls; also how quickly the take loop notices ``stop``."""
+    poll_interval: float = 0.05
+    idle_backoff: float = 1.0
+    """Pause after the queue itself failed (Redis unreachable) before taking again."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts!r}")
+        if self.budget_s <= 0:
+            raise ValueError(f"budget_s must be positive, got {self.budget_s!r}")
+        if self.take_wait < 0 or self.poll_interval <= 0 or self.idle_backoff < 0:
+            raise ValueError("take_wait and idle_backoff must not be negative, poll_interval must be positive")
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> ConsumerConfig:
+        settings = settings or get_settings()
+        return cls(max_attempts=settings.recovery_max_attempts, budget_s=settings.booking_budget_s)
+
+
+def _describe(error: BaseException | None) -> str:
+    """One line for logs, run records and DLQ entries."""
+    if error is None:
+        return "unknown error"
+    text = f"{type(error).__name__}: {error}".replace("\n", " ")
+    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
+
+
+class RecoveryConsumer:
+    """Takes runs off ``queue`` and recovers them, up to the bulkhead's ``max_concurrent`` at a time.
+
+    ``runs``/``queue``/``guard`` must share one key prefix; ``graphs`` maps ``RunRecord.graph`` to what resumes it;
+    ``consumer_id`` is both the queue consumer and the lease owner. ``bulkhead`` defaults to the registry's
+    ``recovery_worker`` (3 slots, 120 s per attempt). ``sleep`` is what backoffs wait with.
+    """
+
+    def __init__(
+        self,
+        *,
+        runs: RunStore,
+        queue: RecoveryQueue,
+        guard: QueueGuard,
+        graphs: Mapping[str, RecoverableGraph],
+        consumer_id: str,
+        bulkhead: Bulkhead | None = None,
+        config: ConsumerConfig | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.runs = runs
+        self.queue = queue
+        self.guard = guard
+        self.graphs = dict(graphs)
+        self.consumer_id = consumer_id
+        self.bulkhead = bulkhead or bulkhead_registry.get(BULKHEAD_NAME)
+        self.config = config or ConsumerConfig.from_settings()
+        self.stopping = asyncio.Event()
+        self._sleep = sleep
+        # Runs in hand (taken, not finished) never outnumber the bulkhead's slots: a run taken without a slot to
+        # run in would hold its lease doing nothing while another worker could have recovered it.
+        self._slots = asyncio.Semaphore(self.bulkhead.cfg.max_concurrent)
+        self._tasks: set[asyncio.Task[RecoveryOutcome]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Runs this consumer is working on right now."""
+        return len(self._tasks)
+
+    # ----------------------------------------------------------------------------------------- the take loop
+
+    async def run(self) -> None:
+        """Take and recover runs until ``stop()`` (returns once the runs in hand are done or handed back).
+
+        Redis failures are logged and retried, never fatal.
+        """
+        while True:
+            await self._slots.acquire()
+            if self.stopping.is_set():
+                self._slots.release()
+                return
+            try:
+                delivery = await self.queue.take(
+                    self.consumer_id, wait=self.config.take_wait, poll_interval=self.config.poll_interval
+                )
+            except RecoveryStoreError as exc:
+                self._slots.release()
+                logger.warning("recovery queue unavailable (%s); retrying in %.1fs", exc, self.config.idle_backoff)
+                await self._wait_for_stop(self.config.idle_backoff)
+                continue
+            except BaseException:
+                self._slots.release()
+                raise
+            if delivery is None:
+                self._slots.release()
+                continue
+            if self.stopping.is_set():
+                # taken while stop() was being called (e.g. a run another task just handed back): give it back
+                self._slots.release()
+                await self._give_back(delivery)
+                return
+            task = asyncio.create_task(self._process_in_slot(delivery), name=f"recover:{delivery.thread_id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _give_back(self, delivery: Delivery) -> None:
+        try:
+            await self.queue.nack(delivery)
+        except RecoveryError as exc:
+            logger.warning("run %s: could not give it back (%s); redelivered later", delivery.thread_id, exc)
+
+    async def _process_in_slot(self, delivery: Delivery) -> RecoveryOutcome:
+        try:
+            return await self.process(delivery)
+        except Exception:
+            logger.exception("recovering run %s failed unexpectedly", delivery.thread_id)
+            return RecoveryOutcome.FAILED
+        finally:
+            self._slots.release()
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop taking; let runs reach a step boundary and be handed back within ``grace``, then cancel the rest."""
+        self.stopping.set()
+        tasks = set(self._tasks)
+        if not tasks:
+            return
+        logger.info("recovery consumer stopping: handing back %d run(s)", len(tasks))
+        _done, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            # cancelled runs hand themselves back (bounded inside execute_run); do not hang the shutdown on them
+            await asyncio.wait(pending, timeout=5)
+
+    async def _wait_for_stop(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True if ``stop()`` was called meanwhile."""
+        if self.stopping.is_set():
+            return True
+        waiter = asyncio.ensure_future(self.stopping.wait())
+        sleeper = asyncio.ensure_future(self._sleep(seconds))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+            await asyncio.wait({waiter, sleeper})
+        return self.stopping.is_set()
+
+    # ----------------------------------------------------------------------------------------- one delivery
+
+    async def process(self, delivery: Delivery) -> RecoveryOutcome:
+        """Recover the run of one delivery (see the module docstring). Raises only ``CancelledError``."""
+        thread_id = delivery.thread_id
+        try:
+            record = await self.runs.get(thread_id)
+            if record is None or record.is_final:
+                await self.queue.ack(delivery, AckOutcome.SKIPPED)
+                logger.info("run %s: %s; nothing to recover", thread_id, "no record" if record is None else "final")
+                return RecoveryOutcome.SKIPPED
+            target = self.graphs.get(record.graph)
+            if target is None:
+                error = f"this worker cannot resume graph {record.graph!r} (knows {', '.join(sorted(self.graphs))})"
+                await self.queue.dead_letter(delivery, DLQ_REASON_UNKNOWN_GRAPH, error)
+                return RecoveryOutcome.DEAD_LETTERED
+            lease = await self.runs.acquire(thread_id, self.consumer_id)
+            if lease is None:
+                await self.queue.ack(delivery, AckOutcome.SKIPPED)
+                logger.info("run %s: leased by a live owner (or just finished); leaving it to them", thread_id)
+                return RecoveryOutcome.SKIPPED
+        except RecoveryError as exc:
+            # the delivery stays in flight and comes back after its visibility timeout
+            logger.warning("run %s: could not start its recovery (%s); it will be redelivered", thread_id, exc)
+            return RecoveryOutcome.FAILED
+        logger.info("run %s: taken over (fence %d, delivery %d)", thread_id, lease.fence, delivery.attempts)
+        try:
+            await self.queue.ack(delivery, AckOutcome.RECOVERED)
+        except BaseException:
+            # not acked: the delivery comes back after its visibility timeout; do not sit on the lease till then
+            await asyncio.shield(self._hand_back_quietly(lease))
+            raise
+        try:
+            return await self._recover(target, record, lease)
+        except LeaseLostError as exc:
+            logger.warning("run %s: %s; leaving it to the new owner", thread_id, exc)
+            return RecoveryOutcome.LOST
+        except RecoveryError as exc:
+            logger.warning("run %s: recovery interrupted (%s); handed back", thread_id, exc)
+            return RecoveryOutcome.FAILED
+
+    async def _recover(self, target: RecoverableGraph, record: RunRecord, lease: RunLease) -> RecoveryOutcome:
+        holder = [lease]
+        try:
+            return await self._attempts(target, record, holder)
+        except BaseException:
+            # Redis failed, or a forced shutdown cancelled us between two graph runs: hand the run on (if the lease
+            # is still ours) rather than let it sit until the lease expires
+            await asyncio.shield(self._hand_back_quietly(holder[0]))
+            raise
+
+    async def _attempts(self, target: RecoverableGraph, record: RunRecord, holder: list[RunLease]) -> RecoveryOutcome:
+        """The retry loop; ``holder[0]`` is the lease currently held (a failed attempt releases it, we take it back)."""
+        thread_id = record.thread_id
+        last_error = record.last_error or "the previous owner stopped without recording an error"
+        current = holder[0]
+        while True:
+            attempt = await current.increment_attempts()
+            if attempt > self.config.max_attempts:
+                # every attempt was used up by earlier takes (e.g. a worker died during its last one)
+                return await self._give_up(target, record, current, last_error, attempt - 1)
+            logger.info("run %s: recovery attempt %d/%d", thread_id, attempt, self.config.max_attempts)
+            try:
+                result = await self._in_bulkhead(self._attempt, target, record, current)
+            except Exception as exc:
+                result = RunResult(RunOutcome.FAILED, error=exc)
+            if result.outcome is RunOutcome.DONE:
+                logger.info("run %s: recovered on attempt %d", thread_id, attempt)
+                return RecoveryOutcome.RECOVERED
+            if result.outcome is RunOutcome.HANDED_OFF:
+                return RecoveryOutcome.HANDED_BACK
+            if result.outcome is RunOutcome.LOST:
+                return RecoveryOutcome.LOST
+            last_error = _describe(result.error)
+            logger.warning("run %s: attempt %d failed: %s", thread_id, attempt, last_error)
+            if not current.lost:
+                # failed before the graph ran (execute_run records its own errors): keep the cause on the record
+                await current.set_status(RunStatus.RUNNING, error=last_error)
+            if current.lost:
+                # A failed run is released (so that it is never stuck); take it back at once so the scanner does not
+                # hand it to another consumer while we back off. If someone was faster, it is theirs.
+                reacquired = await self.runs.acquire(thread_id, self.consumer_id)
+                if reacquired is None:
+                    return RecoveryOutcome.LOST
+                current = holder[0] = reacquired
+            if attempt >= self.config.max_attempts:
+                return await self._give_up(target, record, current, last_error, attempt)
+            delay = backoff_delay(attempt - 1, self.config.backoff)
+            async with current.keep_alive():
+                stopped = await self._wait_for_stop(delay)
+            if stopped:
+                await self._hand_back(current)
+                return RecoveryOutcome.HANDED_BACK
+
+    async def _in_bulkhead(
+        self,
+        fn: Callable[[RecoverableGraph, RunRecord, RunLease], Awaitable[RunResult]],
+        target: RecoverableGraph,
+        record: RunRecord,
+        lease: RunLease,
+    ) -> RunResult:
+        # The bulkhead bounds execution by min(its timeout, remaining budget); outside any scope the remaining budget
+        # is the process default (30 s), so give the call a budget of exactly the bulkhead's timeout. The run itself
+        # gets its own detached budget inside execute_run.
+        with detached_budget(self.bulkhead.cfg.timeout):
+            return await self.bulkhead.run(fn, target, record, lease)
+
+    async def _attempt(self, target: RecoverableGraph, record: RunRecord, lease: RunLease) -> RunResult:
+        graph = target.graph
+        config = run_config(record.thread_id)
+        async with lease.keep_alive():
+            if target.prepare is not None:
+                await target.prepare(record)
+            snapshot = await graph.aget_state(config)
+        if snapshot.created_at is None:
+            run_input: dict[str, Any] | None = dict(record.input)
+            logger.info("run %s: no checkpoint; starting from the stored input", record.thread_id)
+        elif _is_final(snapshot):
+            await lease.finish(RunStatus.DONE)
+            logger.info("run %s: checkpoint already final; marked done", record.thread_id)
+            return RunResult(RunOutcome.DONE, dict(snapshot.values))
+        else:
+            run_input = None
+            # ``next`` leaves out tasks that finished but whose step checkpoint was never written (their writes are
+            # pending); resuming applies those writes instead of running the tasks again
+            where = ", ".join(task.name for task in snapshot.tasks)
+            logger.info("run %s: resuming at %s", record.thread_id, where)
+        return await execute_run(
+            graph, lease, run_input, budget_s=self.config.budget_s, stop=self.stopping, guard=self.guard
+        )
+
+    # ----------------------------------------------------------------------------------------- giving up
+
+    async def _give_up(
+        self, target: RecoverableGraph, record: RunRecord, lease: RunLease, last_error: str, attempts: int
+    ) -> RecoveryOutcome:
+        thread_id = record.thread_id
+        logger.error("run %s: giving up after %d attempt(s): %s", thread_id, attempts, last_error)
+        try:
+            result = await self._in_bulkhead(self._compensate_factory(last_error), target, record, lease)
+        except Exception as exc:
+            result = RunResult(RunOutcome.FAILED, error=exc)
+        if result.outcome is RunOutcome.HANDED_OFF:
+            return RecoveryOutcome.HANDED_BACK  # stopping: the next consumer gives up (and compensates) again
+        if result.outcome is RunOutcome.LOST:
+            return RecoveryOutcome.LOST
+        await self.queue.dlq.send_to_dlq(thread_id, DLQ_REASON_MAX_ATTEMPTS, last_error, attempts)
+        if result.outcome is RunOutcome.DONE:
+            logger.error("run %s: compensated and dead-lettered (%s)", thread_id, DLQ_REASON_MAX_ATTEMPTS)
+            return RecoveryOutcome.COMPENSATED
+        logger.error(
+            "run %s: compensation failed too (%s); left as it is in the DLQ until an operator requeues it",
+            thread_id,
+            _describe(result.error),
+        )
+        holder = lease if not lease.lost else await self.runs.acquire(thread_id, self.consumer_id)
+        if holder is not None:
+            await holder.finish(RunStatus.DEAD_LETTERED, error=last_error)
+        return RecoveryOutcome.DEAD_LETTERED
+
+    def _compensate_factory(
+        self, last_error: str
+    ) -> Callable[[RecoverableGraph, RunRecord, RunLease], Awaitable[RunResult]]:
+        async def compensate(target: RecoverableGraph, record: RunRecord, lease: RunLease) -> RunResult:
+            return await self._compensate(target, record, lease, last_error)
+
+        return compensate
+
+    async def _compensate(
+        self, target: RecoverableGraph, record: RunRecord, lease: RunLease, last_error: str
+    ) -> RunResult:
+        """Steer the run into its compensation and run it once more. ``DONE`` means compensated (or already final)."""
+        graph = target.graph
+        config = run_config(record.thread_id)
+        async with lease.keep_alive():
+            if target.prepare is not None:
+                await target.prepare(record)
+            snapshot = await graph.aget_state(config)
+            if snapshot.created_at is not None and _is_final(snapshot):
+                await lease.finish(RunStatus.DONE)
+                return RunResult(RunOutcome.DONE, dict(snapshot.values))
+            # state writes outside a node are not fenced by the graph: check we still own the run right before
+            await lease.ensure_owned()
+            if snapshot.created_at is None:
+                # nothing ran yet: record the input first, so the compensation has a state to work from
+                await graph.aupdate_state(config, dict(record.input))
+                snapshot = await graph.aget_state(config)
+            update = target.give_up_update(dict(snapshot.values), last_error)
+            as_node = None
+            finished = [task for task in snapshot.tasks if task.name not in snapshot.next]
+            step = (snapshot.metadata or {}).get("step", 0)
+            if len(finished) == 1 and not snapshot.next:
+                # The step ran but its checkpoint was never written. An update discards such pending writes, and the
+                # compensation must see them (a hold the step made, say): record them with the error, as that node.
+                as_node = finished[0].name
+                result = finished[0].result
+                update = {**(result if isinstance(result, dict) else {}), **update}
+            elif isinstance(step, int) and step <= 0 and len(snapshot.next) == 1:
+                # no node has finished: an update "as the input" would re-run the entry node, which may reset the
+                # error; recording it as the entry node's own result routes straight to the compensation instead
+                as_node = snapshot.next[0]
+            await graph.aupdate_state(config, update, as_node=as_node)
+        return await execute_run(
+            graph, lease, None, budget_s=self.config.budget_s, stop=self.stopping, guard=self.guard
+        )
+
+    async def _hand_back(self, lease: RunLease) -> None:
+        if await lease.release():  # not ours any more: whoever holds it answers for it
+            await self.guard.safe_enqueue(lease.thread_id)
+            logger.info("run %s handed back for another consumer", lease.thread_id)
+
+    async def _hand_back_quietly(self, lease: RunLease) -> None:
+        """``_hand_back`` for error paths: bounded, never raises; a lease already given up is left alone."""
+        if lease.lost:
+            return
+        try:
+            async with asyncio.timeout(2):
+                await self._hand_back(lease)
+        except Exception:
+            logger.warning("run %s: could not hand it back; its lease will expire", lease.thread_id, exc_info=True)
+
+
+def _is_final(snapshot: StateSnapshot) -> bool:
+    # not ``next``: it omits finished tasks whose step checkpoint is missing, and those still have to be applied
+    return not snapshot.tasks

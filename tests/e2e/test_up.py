@@ -1,0 +1,397 @@
+"""``concierge up`` as a user runs it: the real CLI in subprocesses, the real stack, real Redis, SQLite checkpoints.
+
+The supervisor's own rules (restart after a crash, hold on ``--no-restart``, start-up failures, stop order) are
+checked first against tiny stand-in services, which start in milliseconds; then the whole stack end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infra.stack.control import call
+from infra.stack.errors import ControlError
+from infra.stack.layout import plan_instances
+from infra.stack.redis_server import RedisPlan
+from infra.stack.state import StackPaths, pid_alive, read_state
+from infra.stack.supervisor import RestartPolicy, Supervisor, SupervisorConfig
+from tests.procs import concierge_command, free_port
+
+pytestmark = pytest.mark.e2e
+
+# ------------------------------------------------------------------------------------------- stand-in services
+
+# Answers /health/ready like a service; exits at once when its name is in FAKE_CRASH; notes SIGTERM in its log.
+FAKE_SERVICE = """
+import http.server, os, signal, sys
+name, port = sys.argv[2], int(sys.argv[sys.argv.index("--port") + 1])
+if name in os.environ.get("FAKE_CRASH", "").split(","):
+    print(f"{name}: cannot start, FAKE_CRASH says so", flush=True)
+    sys.exit(3)
+def stop(signum, frame):
+    print(f"{name}: SIGTERM", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+print(f"{name}: listening on {port}", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
+"""
+
+
+def fake_config(tmp_path: Path, redis_url: str, env: dict[str, str] | None = None) -> SupervisorConfig:
+    script = tmp_path / "concierge_stand_in.py"
+    script.write_text(FAKE_SERVICE)
+    ports = {name: free_port() for name in ("hotel-api", "payment-api", "search-agent", "payment-agent")}
+    ports |= {"booking-agent": free_port(), "recovery-worker": free_port()}
+    return SupervisorConfig(
+        paths=StackPaths.at(tmp_path / "data"),
+        instances=plan_instances(ports=ports),
+        redis=RedisPlan(url=redis_url, own=False),
+        command=(sys.executable, str(script)),
+        base_env={**os.environ, **(env or {})},
+        grace_s=5,
+        ready_timeout_s=15,
+        restart=RestartPolicy(initial_s=0.2, max_s=1.0),
+    )
+
+
+async def wait_for(predicate: Any, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def instance(paths: StackPaths, name: str) -> dict[str, Any]:
+    """The supervisor's live view of one instance (the state file may lag it by a write)."""
+    state = (await call(paths, "status"))["state"]
+    return dict(next(i for i in state["instances"] if i["name"] == name))
+
+
+async def eventually(probe: Any, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await probe():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_supervisor_restarts_crashes_holds_on_request_and_stops_in_reverse_order(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = fake_config(tmp_path, redis_url)
+    paths = config.paths
+    supervisor = Supervisor(config)
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await wait_for(lambda: (s := read_state(paths)) is not None and s.phase == "ready", 20)
+        first_pid = (await instance(paths, "booking-agent"))["pid"]
+
+        killed = await call(paths, "kill", target="booking-agent", restart=True)
+        assert killed["killed"] == [{"name": "booking-agent", "pid": first_pid}]
+        assert not pid_alive(first_pid)
+
+        async def restarted_and_up() -> bool:
+            agent = await instance(paths, "booking-agent")
+            return agent["status"] == "up" and agent["pid"] not in (None, first_pid)
+
+        await eventually(restarted_and_up)
+        restarted = await instance(paths, "booking-agent")
+        assert (restarted["restarts"], restarted["last_exit"]) == (1, -9)
+
+        await call(paths, "kill", target="payment-api", restart=False)
+        await asyncio.sleep(0.5)  # several backoffs' worth: it must stay down
+        held = await instance(paths, "payment-api")
+        assert (held["status"], held["pid"], held["restarts"]) == ("stopped", None, 0)
+
+        started = await call(paths, "start", target="payment-api")
+        assert started["started"][0]["ready"] is True
+        assert (await instance(paths, "payment-api"))["status"] == "up"
+
+        with pytest.raises(ControlError, match="unknown service 'nope'"):
+            await call(paths, "stop", target="nope")
+        status = await call(paths, "status")
+        assert status["in_flight"] == 0  # nothing booked under this prefix
+
+        await call(paths, "down")
+        assert await asyncio.wait_for(running, 30) == 0
+    finally:
+        if not running.done():
+            running.cancel()  # the supervisor kills its children on the way out
+            await asyncio.gather(running, return_exceptions=True)
+    state = read_state(paths)
+    assert state is not None and state.phase == "stopped"
+    assert all(i.pid is None for i in state.instances)
+    # dependants first, each asked with SIGTERM
+    out = capsys.readouterr().out
+    stopped = re.findall(r"concierge: (\S+) stopped \(", out)
+    assert stopped[-len(config.instances) :] == [i.name for i in reversed(config.instances)], out
+    for i in config.instances:
+        assert f"{i.name}: SIGTERM" in paths.log_file(i.name).read_text()
+
+
+async def test_a_service_that_dies_during_start_up_fails_up_with_its_last_words(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = fake_config(tmp_path, redis_url, env={"FAKE_CRASH": "payment-agent"})
+    started = time.monotonic()
+    code = await Supervisor(config).run()
+    assert code == 1
+    assert time.monotonic() - started < 10, "a crash at start-up is reported at once, not after the ready timeout"
+    state = read_state(config.paths)
+    assert state is not None and state.phase == "failed"
+    assert state.error and "payment-agent exited with code 3 before it was ready" in state.error
+    assert "FAKE_CRASH says so" in state.error
+    assert all(not i.pid for i in state.instances)
+
+
+# A supervisor in its own process, to be killed -9 (which a supervisor in the test's event loop cannot be).
+SUPERVISOR = """
+import asyncio, json, sys
+from infra.stack.layout import plan_instances
+from infra.stack.redis_server import RedisPlan
+from infra.stack.state import StackPaths
+from infra.stack.supervisor import Supervisor, SupervisorConfig
+spec = json.loads(sys.argv[1])
+config = SupervisorConfig(
+    paths=StackPaths.at(spec["data"]),
+    instances=plan_instances(ports=spec["ports"]),
+    redis=RedisPlan(url=spec["redis"], own=False),
+    command=(sys.executable, spec["script"]),
+    grace_s=5,
+    ready_timeout_s=15,
+)
+sys.exit(asyncio.run(Supervisor(config).run()))
+"""
+
+
+def test_down_sweeps_what_a_killed_supervisor_left_and_up_refuses_until_then(tmp_path: Path, redis_url: str) -> None:
+    config = fake_config(tmp_path, redis_url)
+    spec: dict[str, Any] = {
+        "data": str(config.paths.root),
+        "ports": {i.service: i.port for i in config.instances},
+        "redis": redis_url,
+        "script": config.command[1],
+    }
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR, json.dumps(spec)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    env = {**os.environ, "CONCIERGE_DATA_DIR": str(config.paths.root)}
+    try:
+        deadline = time.monotonic() + 20
+        while (state := read_state(config.paths)) is None or state.phase != "ready":
+            assert supervisor.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        children = [i.pid for i in state.instances if i.pid]
+        assert len(children) == len(config.instances)
+
+        supervisor.kill()
+        supervisor.wait(timeout=10)
+        assert all(pid_alive(pid) for pid in children), "services outlive their supervisor"
+
+        status = concierge(env, "status")
+        assert status.returncode == 1 and "stack not running" in status.stderr
+        refused = concierge(env, "up", "--detach")
+        assert refused.returncode == 1, refused.stdout
+        assert "still run" in refused.stderr and "concierge down" in refused.stderr
+
+        down = concierge(env, "down")
+        assert down.returncode == 0, down.stderr
+        assert [pid for pid in children if pid_alive(pid)] == []
+        swept = read_state(config.paths)
+        assert swept is not None and swept.phase == "stopped" and not any(i.pid for i in swept.instances)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        state = read_state(config.paths)
+        for pid in state.pids() if state else []:
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------- the real stack
+
+
+def concierge(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*concierge_command(), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture
+def stack_env(tmp_path: Path, redis_url: str) -> Iterator[dict[str, str]]:
+    env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}  # SQLite: what `up` defaults to
+    env |= {
+        "REDIS_URL": redis_url,
+        "CONCIERGE_KEY_PREFIX": f"up-{uuid.uuid4().hex[:10]}",
+        "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
+        "RUN_LEASE_TTL": "1",
+        "ORPHAN_SCAN_INTERVAL": "0.2",
+        "BOOKING_BUDGET_S": "30",
+        "PYTHONUNBUFFERED": "1",
+    }
+    yield env
+    # whatever happened, nothing of this stack outlives the test
+    paths = StackPaths.at(tmp_path / "data")
+    state = read_state(paths)
+    if state is not None and any(pid_alive(pid) for pid in state.pids()):
+        concierge(env, "down", timeout=120)
+
+
+def port_flags() -> list[str]:
+    flags: list[str] = []
+    for name in ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent", "recovery-worker"):
+        flags += ["--port", f"{name}={free_port()}"]
+    return flags
+
+
+def ledger(url: str) -> dict[str, Any]:
+    response = httpx.get(f"{url}/admin/ledger", timeout=10)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def follow_lines(proc: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp_path: Path) -> None:
+    env = stack_env
+    started = time.monotonic()
+    up = concierge(env, "up", "--detach", *port_flags(), timeout=120)
+    supervisor_log = tmp_path / "data" / "logs" / "supervisor.log"
+    assert up.returncode == 0, (
+        f"{up.stdout}\n{up.stderr}\n{supervisor_log.read_text() if supervisor_log.exists() else ''}"
+    )
+    assert "all services ready" in up.stdout
+    ready_s = time.monotonic() - started
+    assert ready_s < 60, f"up --detach took {ready_s:.1f}s"
+
+    again = concierge(env, "up", "--detach")
+    assert again.returncode == 1 and "already running" in again.stderr and "Traceback" not in again.stderr
+
+    status = json.loads(concierge(env, "status", "--json").stdout)
+    urls = {i["name"]: i["url"] for i in status["instances"]}
+    assert {i["status"] for i in status["instances"]} == {"up"}
+    assert set(urls) == {
+        "hotel-api",
+        "payment-api",
+        "search-agent",
+        "payment-agent",
+        "booking-agent",
+        "recovery-worker",
+    }
+
+    checkin = (dt.date.today() + dt.timedelta(days=50)).isoformat()
+    book_args = ("book", "--city", "Lisbon", "--checkin", checkin, "--nights", "2", "--guests", "2")
+    first = concierge(env, *book_args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.strip().splitlines()[-1].startswith("confirmed:")
+    assert re.search(r"\bpending\b", first.stdout) and re.search(r"\bconfirmed\b", first.stdout)
+
+    # A slow payment holds the booking in "paying" long enough to kill its owner mid-flight.
+    assert concierge(env, "fault", "payment-api", "--latency", "4").returncode == 0
+    booking = subprocess.Popen(
+        [*concierge_command(), *book_args, "--timeout", "60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = follow_lines(booking, lines)
+    deadline = time.monotonic() + 20
+    while not any(" paying" in line for line in lines):
+        assert booking.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.05)
+    old_pid = next(i["pid"] for i in status["instances"] if i["name"] == "booking-agent")
+    killed = concierge(env, "kill", "booking-agent")
+    assert killed.returncode == 0, killed.stderr
+    assert f"pid {old_pid}" in killed.stdout
+    assert not pid_alive(old_pid)
+    assert booking.poll() is None, "the booking must still be in flight when its owner dies"
+    assert concierge(env, "fault", "payment-api", "--clear").returncode == 0
+
+    assert booking.wait(timeout=60) == 0, "".join(lines)
+    reader.join(timeout=5)
+    output = "".join(lines)
+    booking_id = re.search(r"^booking (\w+):", output, re.MULTILINE)
+    assert booking_id, output
+    reference = booking_id.group(1)
+    assert output.strip().splitlines()[-1].startswith("confirmed:"), output
+    assert "still trying" in output  # `book` waited out the restart instead of failing
+
+    reservations = [r for r in ledger(urls["hotel-api"])["reservations"] if r["reference"] == reference]
+    assert [r["status"] for r in reservations] == ["confirmed"], reservations
+    charges = [c for c in ledger(urls["payment-api"])["charges"] if c["reference"] == reference]
+    assert [c["status"] for c in charges].count("captured") == 1, charges
+
+    status = json.loads(concierge(env, "status", "--json").stdout)
+    agent = next(i for i in status["instances"] if i["name"] == "booking-agent")
+    assert agent["restarts"] == 1 and agent["pid"] not in (None, old_pid) and agent["status"] == "up"
+    assert status["bookings_in_flight"] == 0
+    queue = status["queue"]["recovery-worker"]
+    assert queue["dlq_depth"] == 0
+    assert queue["recovered_total"] >= 1, queue  # the worker took the orphaned run over
+    table = concierge(env, "status").stdout
+    assert re.search(r"^booking-agent\s+up\s+\d+\s+1\s", table, re.MULTILINE), table
+
+    pids = [i["pid"] for i in status["instances"]] + [status["supervisor_pid"]]
+    down = concierge(env, "down", timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert [pid for pid in pids if pid_alive(pid)] == []
+    after = concierge(env, "status")
+    assert after.returncode == 1 and "stack not running" in after.stderr
+
+
+def test_up_without_redis_or_redis_server_fails_fast_and_says_how_to_get_one(tmp_path: Path) -> None:
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env = {
+        **os.environ,
+        "PATH": str(empty_bin),  # no redis-server to fall back on
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
+    }
+    for args in (("up",), ("up", "--detach")):
+        started = time.monotonic()
+        result = concierge(env, *args, timeout=30)
+        elapsed = time.monotonic() - started
+        assert result.returncode == 1
+        assert elapsed < 5, f"took {elapsed:.1f}s"
+        message = result.stderr.strip()
+        assert len(message.splitlines()) == 1 and "Traceback" not in message, message
+        assert "unreachable" in message and "redis-server is not on PATH" in message
+        assert "REDIS_URL" in message
+    assert read_state(StackPaths.at(tmp_path / "data")) is None

@@ -1,0 +1,83 @@
+"""The booking records users poll: written once, final states stay final, long polls wake up promptly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from infra.bookings import BookingStore
+
+REQUEST = {"city": "Lisbon", "checkin": "2027-03-01", "checkout": "2027-03-03", "guests": 2, "hotel_id": None}
+
+
+@pytest.fixture
+def store(redis) -> BookingStore:
+    return BookingStore(redis)
+
+
+async def test_create_is_once_and_the_view_has_every_public_field(store: BookingStore) -> None:
+    assert await store.create("b1", REQUEST)
+    assert not await store.create("b1", {**REQUEST, "city": "Porto"})
+    view = await store.get("b1")
+    assert view is not None
+    assert view["status"] == "pending" and view["city"] == "Lisbon" and view["guests"] == 2
+    assert view["error"] is None and view["payment_id"] is None
+    assert view["created_at"].endswith("Z")
+    assert await store.get("missing") is None
+    assert await store.in_flight() == 1
+
+
+async def test_final_states_never_change_again(store: BookingStore) -> None:
+    await store.create("b2", REQUEST)
+    assert await store.update("b2", status="reserving")
+    assert await store.update("b2", status="failed", error={"code": "timeout", "message": "late"})
+    assert not await store.update("b2", status="confirmed")
+    view = await store.get("b2")
+    assert view is not None
+    assert view["status"] == "failed" and view["error"] == {"code": "timeout", "message": "late"}
+    assert await store.in_flight() == 0
+    assert not await store.update("unknown", status="searching")
+
+
+async def test_a_long_poll_wakes_when_the_booking_becomes_final(store: BookingStore) -> None:
+    await store.create("b3", REQUEST)
+
+    async def finish_soon() -> None:
+        await asyncio.sleep(0.05)
+        await store.update("b3", status="confirmed", payment_id="pay_1")
+
+    started = time.monotonic()
+    finisher = asyncio.create_task(finish_soon())
+    view = await store.wait_final("b3", 5)
+    await finisher
+    assert view is not None and view["status"] == "confirmed" and view["payment_id"] == "pay_1"
+    # woken by the update, not by the 0.25 s fallback poll (generous bound: shared CI machines)
+    assert time.monotonic() - started < 0.24
+
+
+async def test_a_long_poll_sees_a_run_finished_by_another_process(store: BookingStore, redis) -> None:
+    await store.create("b4", REQUEST)
+    other_process = BookingStore(redis)
+
+    async def finish_elsewhere() -> None:
+        await asyncio.sleep(0.05)
+        await other_process.update("b4", status="confirmed")
+
+    finisher = asyncio.create_task(finish_elsewhere())
+    view = await store.wait_final("b4", 5)
+    await finisher
+    assert view is not None and view["status"] == "confirmed"
+
+
+async def test_a_long_poll_returns_the_current_state_when_time_runs_out(store: BookingStore) -> None:
+    await store.create("b5", REQUEST)
+    view = await store.wait_final("b5", 0.1)
+    assert view is not None and view["status"] == "pending"
+
+
+async def test_a_client_key_binds_one_booking_and_remembers_the_body(store: BookingStore) -> None:
+    assert await store.claim_client_key("k1", "hash-a", "first") == ("first", True)
+    assert await store.claim_client_key("k1", "hash-a", "second") == ("first", True)
+    assert await store.claim_client_key("k1", "hash-b", "third") == ("first", False)

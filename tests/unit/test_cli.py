@@ -1,0 +1,335 @@
+"""The ``concierge`` stack commands without a stack: argument checking, one-line failures, port plans, restart
+backoff, the state file, status rendering and log streaming. No network; the few processes are local."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.settings import get_settings
+from infra.stack.book import booking_body, steps_between
+from infra.stack.cli import main
+from infra.stack.down import stop_stack
+from infra.stack.errors import StackNotRunningError, UsageError
+from infra.stack.layout import parse_assignments, plan_instances, select_instances
+from infra.stack.logstream import LogStreamer
+from infra.stack.ops import fault_body
+from infra.stack.services import SERVICES, UnknownServiceError
+from infra.stack.state import InstanceState, RedisState, StackPaths, StackState, pid_alive, read_state, write_state
+from infra.stack.status import StackReport, render_report
+from infra.stack.supervisor import RestartPolicy, describe_exit
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("CONCIERGE_DATA_DIR", str(tmp_path / "data"))
+    get_settings.cache_clear()
+    yield tmp_path / "data"
+    get_settings.cache_clear()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------- port plans
+
+
+def test_default_plan_is_the_service_table() -> None:
+    instances = plan_instances()
+    assert [(i.name, i.port) for i in instances] == [(s.name, s.port) for s in SERVICES.values()]
+
+
+def test_port_base_shifts_every_port_and_port_overrides_one() -> None:
+    instances = {i.name: i.port for i in plan_instances(port_base=18000, ports={"hotel-api": 29999})}
+    assert instances["booking-agent"] == 18000
+    assert instances["recovery-worker"] == 18020
+    assert instances["hotel-api"] == 29999
+
+
+def test_replicas_keep_the_first_port_and_take_consecutive_ones_after_the_stack() -> None:
+    instances = plan_instances(scale={"booking-agent": 3, "search-agent": 2})
+    ports = {i.name: i.port for i in instances}
+    top = max(s.port for s in SERVICES.values())
+    assert ports["booking-agent:1"] == SERVICES["booking-agent"].port
+    assert sorted([ports["search-agent:2"], ports["booking-agent:2"], ports["booking-agent:3"]]) == [
+        top + 1,
+        top + 2,
+        top + 3,
+    ]
+    assert ports["booking-agent:3"] == ports["booking-agent:2"] + 1
+    assert len(set(ports.values())) == len(ports)
+
+
+def test_colliding_or_impossible_ports_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="both use port 8001"):
+        plan_instances(ports={"booking-agent": 8001})
+    with pytest.raises(UsageError, match="out of range"):
+        plan_instances(port_base=65530)
+    with pytest.raises(UsageError, match="between 1 and"):
+        plan_instances(scale={"booking-agent": 0})
+
+
+def test_assignments_name_real_services_and_numbers() -> None:
+    assert parse_assignments(["booking-agent=2"], option="--scale") == {"booking-agent": 2}
+    with pytest.raises(UsageError, match="unknown service 'bookings'"):
+        parse_assignments(["bookings=2"], option="--scale")
+    with pytest.raises(UsageError, match="NAME=NUMBER"):
+        parse_assignments(["booking-agent"], option="--scale")
+    with pytest.raises(UsageError, match="not a whole number"):
+        parse_assignments(["booking-agent=two"], option="--scale")
+
+
+def test_targets_select_all_replicas_or_one() -> None:
+    instances = plan_instances(scale={"booking-agent": 2})
+    assert [i.name for i in select_instances(instances, "booking-agent")] == ["booking-agent:1", "booking-agent:2"]
+    assert [i.name for i in select_instances(instances, "booking-agent:2")] == ["booking-agent:2"]
+    with pytest.raises(UsageError, match="booking-agent runs as booking-agent:1, booking-agent:2"):
+        select_instances(instances, "booking-agent:7")
+    with pytest.raises(UnknownServiceError):
+        select_instances(instances, "nope")
+
+
+# ---------------------------------------------------------------------------------------------- restart policy
+
+
+def test_backoff_doubles_per_crash_in_a_row_and_is_capped() -> None:
+    policy = RestartPolicy(initial_s=0.5, factor=2, max_s=3, stable_after_s=30)
+    assert [policy.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3, 3]
+
+
+def test_a_child_that_ran_long_enough_starts_the_crash_count_again() -> None:
+    policy = RestartPolicy(stable_after_s=30)
+    assert policy.crashes_in_a_row(previous=4, ran_s=1.0) == 5
+    assert policy.crashes_in_a_row(previous=4, ran_s=31.0) == 1
+
+
+def test_exit_codes_read_as_people_say_them() -> None:
+    assert describe_exit(-9) == "signal SIGKILL"
+    assert describe_exit(1) == "code 1"
+
+
+# ---------------------------------------------------------------------------------------------- one-line failures
+
+
+@pytest.mark.parametrize("command", ["kill", "stop", "start"])
+def test_unknown_service_is_one_line_and_exit_2(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    code, _, err = run(capsys, command, "bookng-agent")
+    assert code == 2
+    assert "unknown service 'bookng-agent'" in one_line(err)
+    assert "booking-agent" in err  # the valid names are listed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("status",),
+        ("kill", "booking-agent"),
+        ("stop", "payment-api"),
+        ("start", "payment-api"),
+        ("down",),
+    ],
+)
+def test_without_a_stack_every_command_says_so_in_one_line(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    assert "stack not running" in one_line(err)
+
+
+def test_a_stale_state_file_is_not_a_running_stack(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_state(StackPaths.at(data_dir), _state(supervisor_pid=dead.pid, pid=dead.pid))
+    code, _, err = run(capsys, "status")
+    assert code == 1 and "stack not running" in one_line(err)
+    with pytest.raises(StackNotRunningError):
+        stop_stack(StackPaths.at(data_dir))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--checkin", "2027-13-01"), "not a calendar date"),
+        (("--checkin", "10/01/2027"), "YYYY-MM-DD"),
+        (("--checkin", "2027-01-10", "--nights", "0"), "--nights must be at least 1"),
+        (("--checkin", "2027-01-10", "--guests", "two"), "--guests must be a whole number"),
+    ],
+)
+def test_bad_booking_arguments_are_refused_before_any_request(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    code, out, err = run(capsys, "book", "--city", "Lisbon", *argv)
+    assert code == 2
+    assert message in one_line(err)
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("up", "--scale", "booking-agent=0"), "replicas must be between"),
+        (("up", "--scale", "bookings=2"), "unknown service"),
+        (("up", "--port-base", "65530"), "out of range"),
+        (("up", "--port", "booking-agent=8001"), "both use port 8001"),
+        (("fault", "search-agent", "--latency", "1"), "takes no faults"),
+        (("fault", "hotel-api", "--error-rate", "2"), "--error-rate must be between 0 and 1"),
+        (("fault", "hotel-api", "--latency", "soon"), "--latency must be a number"),
+        (("fault", "hotel-api", "--clear", "--hang"), "cannot be combined"),
+    ],
+)
+def test_bad_options_are_usage_errors(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in one_line(err)
+
+
+def test_booking_body_turns_nights_into_a_checkout() -> None:
+    args = argparse.Namespace(city="Lisbon", checkin="2027-01-30", nights="3", guests="2", card="tok_visa", hotel=None)
+    assert booking_body(args) == {
+        "city": "Lisbon",
+        "checkin": "2027-01-30",
+        "checkout": "2027-02-02",
+        "guests": 2,
+        "payment_token": "tok_visa",
+    }
+    args.hotel = "lisbon-02"
+    assert booking_body(args)["hotel_id"] == "lisbon-02"
+
+
+def test_steps_a_poll_jumped_over_are_named_but_never_invented_for_failures() -> None:
+    assert steps_between("pending", "paying") == ["searching", "reserving"]
+    assert steps_between(None, "searching") == ["pending"]
+    assert steps_between("paying", "confirming") == []
+    assert steps_between("reserving", "failed") == []
+
+
+def test_fault_options_become_the_provider_body() -> None:
+    args = argparse.Namespace(latency="2.5", error_rate=None, hang=False)
+    assert fault_body(args) == {"latency_s": 2.5, "error_rate": 0.0, "hang": False}
+    assert fault_body(argparse.Namespace(latency=None, error_rate=None, hang=False)) is None
+
+
+# ---------------------------------------------------------------------------------------------- state
+
+
+def _state(*, supervisor_pid: int, pid: int | None, restarts: int = 0) -> StackState:
+    instance = InstanceState(
+        name="booking-agent",
+        service="booking-agent",
+        replica=1,
+        port=8000,
+        url="http://127.0.0.1:8000",
+        health_path="/health",
+        ready_path="/health/ready",
+        status="up" if pid else "backoff",
+        pid=pid,
+        restarts=restarts,
+        started_at=time.time() - 75 if pid else None,
+    )
+    return StackState(
+        supervisor_pid=supervisor_pid,
+        phase="ready",
+        started_at=time.time() - 125,
+        socket="/nonexistent.sock",
+        redis=RedisState(url="redis://127.0.0.1:6379/0", own=False),
+        checkpointer="sqlite x",
+        instances=(instance,),
+    )
+
+
+def test_state_survives_a_round_trip_through_the_file(tmp_path: Path) -> None:
+    paths = StackPaths.at(tmp_path)
+    assert read_state(paths) is None
+    state = _state(supervisor_pid=os.getpid(), pid=123, restarts=2)
+    write_state(paths, state)
+    assert read_state(paths) == state
+    assert state.pids() == [123, os.getpid()]
+
+
+def test_a_deep_data_dir_still_gets_a_usable_socket_path(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    socket_path = StackPaths.at(deep).socket
+    assert len(os.fsencode(socket_path)) <= 100
+    assert socket_path != StackPaths.at(tmp_path).socket
+
+
+def test_zombies_and_reaped_processes_are_not_alive() -> None:
+    assert pid_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    # exited but not yet reaped: a zombie, which must count as gone
+    while pid_alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert not pid_alive(child.pid)
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+
+def test_status_shows_restarts_open_breakers_queue_and_bookings() -> None:
+    report = StackReport(
+        state=_state(supervisor_pid=4242, pid=777, restarts=3),
+        in_flight=5,
+        circuits={"booking-agent": {"hotel_api": {"state": "open", "failures": 7, "seconds_until_retry": 4.2}}},
+        bulkheads={"booking-agent": {"booking_agent": {"in_use": 2, "max": 10, "waiting": 1, "rejected": 0}}},
+        queue={"recovery-worker": {"depth": 4, "max_size": 100, "dlq_depth": 2, "in_flight": 1, "oldest_age_s": 1.5}},
+    )
+    text = render_report(report)
+    row = next(line for line in text.splitlines() if line.startswith("booking-agent ") and "777" in line)
+    assert row.split()[:5] == ["booking-agent", "up", "777", "3", "1m15s"]
+    assert "hotel_api" in text and "open" in text and "4.2s" in text
+    assert "2/10" in text
+    assert "depth 4/100" in text and "DLQ 2" in text
+    assert "in flight 5" in text
+
+
+def test_status_marks_what_did_not_answer() -> None:
+    report = StackReport(
+        state=_state(supervisor_pid=4242, pid=777),
+        in_flight=None,
+        in_flight_error="ConnectionError: refused",
+        circuits={"booking-agent": "unreachable (ConnectError)"},
+    )
+    text = render_report(report)
+    assert "unreachable (ConnectError)" in text
+    assert "no recovery-worker running" in text
+    assert "in flight unknown (ConnectionError: refused)" in text
+
+
+def test_log_streaming_prefixes_lines_and_never_replays_old_ones(tmp_path: Path) -> None:
+    log = tmp_path / "hotel-api.log"
+    log.write_text("from an earlier run\n")
+    out = io.StringIO()
+    streamer = LogStreamer([("hotel-api", log), ("booking-agent", tmp_path / "missing.log")], out=out)
+    with log.open("a") as fh:
+        fh.write("started\nhalf a li")
+    streamer.pump()
+    with log.open("a") as fh:
+        fh.write("ne\n")
+    streamer.pump()
+    assert out.getvalue().splitlines() == ["hotel-api     | started", "hotel-api     | half a line"]

@@ -1,0 +1,157 @@
+"""docker-compose.yml and the Dockerfile, checked without a Docker engine: the compose file is valid Compose, and
+its application services are exactly the service table ``concierge up`` runs (names, commands, ports, health
+checks, peer URLs), so the two ways of running the stack cannot drift apart."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from infra.stack.services import SERVICES
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
+INFRASTRUCTURE = {"redis", "postgres", "jaeger"}
+_DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):-(?P<default>[^}]*)\}$")
+_PROBE_URL = re.compile(r"http://127\.0\.0\.1:(?P<port>\d+)(?P<path>/[\w/]*)")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[str]:
+    return [line.strip() for line in (REPO / "Dockerfile").read_text().splitlines()]
+
+
+def app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: svc for name, svc in compose["services"].items() if name not in INFRASTRUCTURE}
+
+
+def seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    total = 0.0
+    for amount, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration):
+        total += float(amount) * units[unit]
+    return total
+
+
+def test_compose_file_validates_against_the_compose_spec(compose: dict[str, Any]) -> None:
+    if not SCHEMA.exists():
+        message = f"compose schema not found at {SCHEMA} (shared/ must sit beside the repository)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    schema = json.loads(SCHEMA.read_text())
+    # the file names draft-07 by an URL jsonschema does not know; say it explicitly
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.Draft7Validator(schema).validate(compose)
+
+
+def test_application_services_are_the_service_table(compose: dict[str, Any]) -> None:
+    assert set(app_services(compose)) == set(SERVICES)
+    assert set(compose["services"]) >= INFRASTRUCTURE
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_each_service_runs_concierge_serve_on_its_table_port(compose: dict[str, Any], name: str) -> None:
+    spec = SERVICES[name]
+    service = compose["services"][name]
+    assert service["command"] == ["concierge", "serve", name, "--host", "0.0.0.0"]
+    assert f"{spec.port}:{spec.port}" in service["ports"]
+    assert service["build"] == "."
+    assert service["restart"] == "unless-stopped"
+    # the SIGTERM handoff: the booking-agent's drain (10 s) runs inside uvicorn's graceful shutdown
+    assert seconds(service["stop_grace_period"]) >= 20
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_each_health_check_probes_the_table_health_path(compose: dict[str, Any], name: str) -> None:
+    spec = SERVICES[name]
+    test = compose["services"][name]["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    match = _PROBE_URL.search(" ".join(test))
+    assert match, test
+    assert (int(match["port"]), match["path"]) == (spec.port, spec.health_path)
+
+
+def test_one_image_for_every_application_service(compose: dict[str, Any]) -> None:
+    images = {svc["image"] for svc in app_services(compose).values()}
+    assert len(images) == 1
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_peers_are_found_by_service_dns_name(compose: dict[str, Any], name: str) -> None:
+    env = compose["services"][name]["environment"]
+    for peer in SERVICES.values():
+        match = _DEFAULTED.match(env[peer.url_env])
+        assert match, f"{peer.url_env} should be ${{{peer.url_env}:-default}}"
+        assert match["var"] == peer.url_env
+        assert match["default"] == f"http://{peer.name}:{peer.port}"
+
+
+def test_configuration_comes_from_the_environment_with_defaults(compose: dict[str, Any]) -> None:
+    for name, service in app_services(compose).items():
+        env = service["environment"]
+        for variable in ("REDIS_URL", "DATABASE_URL", "OTEL_EXPORTER_OTLP_ENDPOINT", "CONCIERGE_SERVICE_TOKEN"):
+            match = _DEFAULTED.match(env[variable])
+            assert match and match["var"] == variable, f"{name}: {variable}={env[variable]!r}"
+        assert _DEFAULTED.match(env["REDIS_URL"])["default"].startswith("redis://redis:")  # type: ignore[index]
+        assert "@postgres:" in _DEFAULTED.match(env["DATABASE_URL"])["default"]  # type: ignore[index]
+        assert _DEFAULTED.match(env["OTEL_EXPORTER_OTLP_ENDPOINT"])["default"] == "http://jaeger:4318"  # type: ignore[index]
+
+
+def test_dependencies_wait_for_health_and_exist(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in app_services(compose).items():
+        depends = service["depends_on"]
+        assert depends["redis"]["condition"] == "service_healthy", name
+        for dependency, rule in depends.items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            if dependency != "jaeger":  # tracing is best effort: spans are dropped until jaeger listens
+                assert rule["condition"] == "service_healthy", f"{name} → {dependency}"
+                assert "healthcheck" in services[dependency], f"{name} waits for {dependency}, which has no healthcheck"
+    for name in ("booking-agent", "recovery-worker"):
+        assert {"postgres", "search-agent", "payment-agent", "hotel-api"} <= set(services[name]["depends_on"])
+
+
+def test_infrastructure_is_durable_and_observable(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert "--appendonly" in services["redis"]["command"]
+    assert services["redis"]["command"][services["redis"]["command"].index("--appendonly") + 1] == "yes"
+    assert "healthcheck" in services["redis"] and "healthcheck" in services["postgres"]
+    assert "16686:16686" in services["jaeger"]["ports"]
+    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+
+
+def test_dockerfile_runs_as_a_non_root_user(dockerfile: list[str]) -> None:
+    users = [line.split()[1] for line in dockerfile if line.startswith("USER ")]
+    assert users, "no USER instruction"
+    assert users[-1] not in ("root", "0")
+
+
+def test_dockerfile_has_a_healthcheck_and_a_slim_base(dockerfile: list[str]) -> None:
+    assert any(line.startswith("HEALTHCHECK ") for line in dockerfile)
+    base = next(line for line in dockerfile if line.startswith("FROM "))
+    assert "slim" in base and "python" in base
+
+
+def test_dockerfile_installs_dependencies_before_copying_the_source(dockerfile: list[str]) -> None:
+    copies = [(i, line) for i, line in enumerate(dockerfile) if line.startswith("COPY ")]
+    install = next(i for i, line in enumerate(dockerfile) if "pip install -r" in line)
+    source = [i for i, line in copies if any(pkg in line.split() for pkg in ("agents", "infra", "graph", "recovery"))]
+    assert source, "the source is never copied"
+    assert install < min(source)
+    # the dependency layer sees pyproject.toml and nothing else: editing the code keeps it cached
+    assert [line for i, line in copies if i < install] == ["COPY pyproject.toml ./"]
