@@ -1,13 +1,13 @@
-"""Real processes for a bench: the five services on free ports, and a bare FastAPI→FastAPI pair as a baseline.
+"""What a bench needs beyond the test harness (``tests.procs``, ``tests.stack``): a stack that leaves nothing behind
+in a shared Redis, a bare FastAPI→FastAPI pair as a baseline, and CPU/memory readings from ``/proc``.
 
-    with ServiceStack(redis_url=..., admin_database_url=...) as stack:   # fresh database, unique key prefix
-        stack.url("booking-agent"); stack.pids()                         # base URL; pid of every service
-    with hop_pair() as hop:                                              # GET {hop.front}/hop makes one hop
+    with service_stack(redis_url=..., admin_database_url=...) as stack:   # a started tests.stack.Stack
+        stack.url("booking-agent"); stack.env["DATABASE_URL"]; stack.services["hotel-api"].pid
+    with hop_pair() as hop:                                               # GET {hop.front}/hop makes one hop
         ...
 
-Leaving either block kills every process it started (SIGTERM, then SIGKILL to the process group), drops the
-database, deletes the Redis keys under the prefix and removes the log directory. Nothing here is imported by the
-test suite, and nothing from ``tests/`` is imported here: a bench must not depend on test helpers.
+Leaving either block kills every process it started (SIGKILL to the process group), and ``service_stack`` also
+drops the database, deletes the Redis keys under the prefix and removes the log directory.
 
 The two ``hop_*_app`` factories are what ``hop_pair`` serves (``uvicorn --factory _stack:hop_front_app``); they
 are as small as a FastAPI app gets, so a request to the front costs the framework and the loopback, nothing else.
@@ -17,61 +17,38 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+# The repository root, for ``tests``: also when uvicorn imports this module by file (``--app-dir``) in a hop process.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.procs import HOST, Processes, free_port
+from tests.stack import CORE, TEST_DATABASE_URL, Stack, fresh_database
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
 __all__ = [
-    "CORE_SERVICES",
-    "DEFAULT_ADMIN_DATABASE_URL",
-    "HOST",
-    "BenchProcess",
-    "BenchStackError",
     "HopPair",
-    "ServiceStack",
     "cpu_seconds",
-    "free_port",
-    "fresh_database",
     "hop_backend_app",
     "hop_front_app",
     "hop_pair",
     "machine_cpu_seconds",
     "rss_kib",
+    "service_stack",
 ]
 
-HOST = "127.0.0.1"
-DEFAULT_ADMIN_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-CORE_SERVICES = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent")
-READY_TIMEOUT_S = 45.0
-STOP_TIMEOUT_S = 10.0
 HOP_TARGET_ENV = "BENCH_HOP_TARGET"
 _BENCH_DIR = Path(__file__).resolve().parent
-
-
-class BenchStackError(RuntimeError):
-    """A bench process exited or never got ready (the message ends with the tail of its log)."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_kib(pid: int) -> int:
@@ -80,7 +57,7 @@ def rss_kib(pid: int) -> int:
         for line in status:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
-    raise BenchStackError(f"process {pid} has no VmRSS (a zombie?)")
+    raise ProcessLookupError(f"process {pid} has no VmRSS (a zombie?)")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -102,203 +79,38 @@ def machine_cpu_seconds() -> tuple[float, float]:
     return (total - idle) / tick, total / tick
 
 
-def _concierge_command() -> list[str]:
-    script = Path(sys.executable).with_name("concierge")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "infra.stack.cli"]
-
-
-class BenchProcess:
-    """One started process in its own process group, logging to its own file."""
-
-    def __init__(self, name: str, argv: Sequence[str], *, port: int, env: Mapping[str, str], log_path: Path) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.port = port
-        self.env = dict(env)
-        self.log_path = log_path
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise BenchStackError(f"{self.name} was never started")
-        return self._proc.pid
-
-    @property
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self) -> Self:
-        with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def wait_ready(self, path: str, timeout: float = READY_TIMEOUT_S) -> Self:
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if not self.alive:
-                    raise BenchStackError(f"{self.name} exited before it was ready\n{self.log_tail()}")
-                try:
-                    response = client.get(f"{self.url}{path}")
-                    if response.status_code == 200:
-                        return self
-                    last = f"{response.status_code} {response.text[:200]}"
-                except httpx.HTTPError as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                time.sleep(0.1)
-        raise BenchStackError(f"{self.name} not ready after {timeout:.0f}s ({last})\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM the group, SIGKILL it if it is still there after ``STOP_TIMEOUT_S``."""
-        if self._proc is None or self._proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, signal.SIGTERM)
-        try:
-            self._proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait(timeout=STOP_TIMEOUT_S)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return f"(no log at {self.log_path})"
-        tail = text.splitlines()[-lines:]
-        return f"--- last {len(tail)} lines of {self.name} ---\n" + "\n".join(tail)
-
-
-@contextlib.contextmanager
-def fresh_database(admin_url: str = DEFAULT_ADMIN_DATABASE_URL) -> Iterator[str]:
-    """A new, empty database on the server of ``admin_url``; dropped (connections forced out) afterwards."""
-    import psycopg
-
-    name = f"concierge_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = admin_url.rpartition("/")
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _delete_prefixed_keys(redis_url: str, prefix: str) -> int:
+def _delete_prefixed_keys(redis_url: str, prefix: str) -> None:
+    """Best effort: the bench's Redis may be shared, but a failure here must not hide the run's own error."""
     import redis
 
-    client = redis.Redis.from_url(redis_url)
-    try:
-        deleted = 0
+    with contextlib.suppress(Exception), contextlib.closing(redis.Redis.from_url(redis_url)) as client:
         batch: list[bytes] = []
         for name in client.scan_iter(match=f"{prefix}:*", count=1000):
             batch.append(name)
             if len(batch) >= 1000:
-                deleted += int(client.unlink(*batch))
+                client.unlink(*batch)
                 batch.clear()
         if batch:
-            deleted += int(client.unlink(*batch))
-        return deleted
-    finally:
-        client.close()
+            client.unlink(*batch)
 
 
-class ServiceStack:
-    """The five services as real ``concierge serve`` processes on one fresh database and one key prefix."""
+@contextlib.contextmanager
+def service_stack(*, redis_url: str, admin_database_url: str = TEST_DATABASE_URL) -> Iterator[Stack]:
+    """The five services started on a fresh ``concierge_bench_*`` database and a ``bench-*`` key prefix.
 
-    def __init__(
-        self,
-        *,
-        redis_url: str,
-        admin_database_url: str = DEFAULT_ADMIN_DATABASE_URL,
-        services: Sequence[str] = CORE_SERVICES,
-        env: Mapping[str, str] | None = None,
-    ) -> None:
-        self.redis_url = redis_url
-        self.admin_database_url = admin_database_url
-        self.services = tuple(services)
-        self.prefix = f"bench-{uuid.uuid4().hex[:10]}"
-        self.token = secrets.token_hex(16)
-        self.ports = {name: free_port() for name in self.services}
-        self.workdir = Path(tempfile.mkdtemp(prefix="concierge-bench-"))
-        self.extra_env = dict(env or {})
-        self.database_url = ""
-        self.processes: dict[str, BenchProcess] = {}
-        self._exit = contextlib.ExitStack()
-
-    def url(self, service: str) -> str:
-        return f"http://{HOST}:{self.ports[service]}"
-
-    def pids(self) -> dict[str, int]:
-        return {name: proc.pid for name, proc in self.processes.items()}
-
-    def _env(self) -> dict[str, str]:
-        from infra.stack.services import SERVICES
-
-        return {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "REDIS_URL": self.redis_url,
-            "DATABASE_URL": self.database_url,
-            "CONCIERGE_KEY_PREFIX": self.prefix,
-            "CONCIERGE_SERVICE_TOKEN": self.token,
-            "CONCIERGE_DATA_DIR": str(self.workdir / "data"),
-            **{SERVICES[name].url_env: self.url(name) for name in self.services},
-            **self.extra_env,
-        }
-
-    def start(self) -> Self:
-        try:
-            self.database_url = self._exit.enter_context(fresh_database(self.admin_database_url))
-            env = self._env()
-            for name in self.services:
-                argv = [*_concierge_command(), "serve", name, "--host", HOST, "--port", str(self.ports[name])]
-                proc = BenchProcess(name, argv, port=self.ports[name], env=env, log_path=self.workdir / f"{name}.log")
-                self.processes[name] = proc.start()
-                # dependencies first: an agent's readiness does not probe its peers, but its first request will
-                proc.wait_ready("/health/ready")
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def log_tails(self) -> str:
-        return "\n".join(proc.log_tail() for proc in self.processes.values())
-
-    def close(self) -> None:
-        try:
-            for proc in reversed(list(self.processes.values())):
-                proc.stop()
-        finally:
-            try:
-                self._exit.close()  # drops the database once nothing is connected to it
-            finally:
-                with contextlib.suppress(Exception):
-                    _delete_prefixed_keys(self.redis_url, self.prefix)
-                shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+    No span files: their synchronous export would be part of every number measured.
+    """
+    prefix = f"bench-{uuid.uuid4().hex[:10]}"
+    # unwound in reverse: processes killed, then the database dropped, the keys deleted, the logs removed
+    with contextlib.ExitStack() as cleanup:
+        workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="concierge-bench-")))
+        cleanup.callback(_delete_prefixed_keys, redis_url, prefix)
+        database = cleanup.enter_context(fresh_database(admin_database_url, name_prefix="concierge_bench"))
+        stack = cleanup.enter_context(
+            Stack(workdir, redis_url, database_url=database, key_prefix=prefix, span_files=False)
+        )
+        # dependencies first: an agent's readiness does not probe its peers, but its first request will
+        yield stack.start(CORE)
 
 
 # --------------------------------------------------------------------------------------------- bare hop baseline
@@ -360,42 +172,36 @@ class HopPair:
     """(front, backend)"""
 
 
+def _uvicorn(factory: str, port: int) -> list[str]:
+    # the same server stack as the services (uvicorn's defaults pick uvloop and httptools when installed)
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        f"_stack:{factory}",
+        "--app-dir",
+        str(_BENCH_DIR),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--lifespan",
+        "on",
+    ]
+
+
 @contextlib.contextmanager
 def hop_pair() -> Iterator[HopPair]:
-    """Two uvicorn processes, front → backend; yields their base URLs. Both stopped on exit."""
-    workdir = Path(tempfile.mkdtemp(prefix="concierge-bench-hop-"))
+    """Two uvicorn processes, front → backend; yields their base URLs. Both killed on exit."""
     backend_port, front_port = free_port(), free_port()
-    env = {**os.environ, HOP_TARGET_ENV: f"http://{HOST}:{backend_port}"}
-
-    def uvicorn(factory: str, port: int) -> list[str]:
-        # the same server stack as the services (uvicorn's defaults pick uvloop and httptools when installed)
-        return [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            f"_stack:{factory}",
-            "--app-dir",
-            str(_BENCH_DIR),
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--lifespan",
-            "on",
-        ]
-
-    started: list[BenchProcess] = []
-    try:
-        for name, factory, port in (
-            ("hop-backend", "hop_backend_app", backend_port),
-            ("hop-front", "hop_front_app", front_port),
-        ):
-            proc = BenchProcess(name, uvicorn(factory, port), port=port, env=env, log_path=workdir / f"{name}.log")
-            started.append(proc.start())
-            proc.wait_ready("/health")
-        yield HopPair(front=started[1].url, backend=started[0].url, pids=(started[1].pid, started[0].pid))
-    finally:
-        for proc in reversed(started):
-            proc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    env = {HOP_TARGET_ENV: f"http://{HOST}:{backend_port}"}
+    with (
+        tempfile.TemporaryDirectory(prefix="concierge-bench-hop-") as workdir,
+        Processes(Path(workdir), env=env) as procs,
+    ):
+        backend = procs.start(
+            "hop-backend", _uvicorn("hop_backend_app", backend_port), port=backend_port, ready_path="/health"
+        )
+        front = procs.start("hop-front", _uvicorn("hop_front_app", front_port), port=front_port, ready_path="/health")
+        yield HopPair(front=front.url, backend=backend.url, pids=(front.pid, backend.pid))

@@ -43,22 +43,14 @@ from typing import Any
 
 import httpx
 
-# The repository root, for ``infra``; this script's own directory (``_stack``, the sibling helper that the
-# ``uvicorn --factory _stack:...`` processes import under the same name) is on the path already.
+# The repository root, for ``infra`` and ``tests``; this script's own directory (``_stack``, the sibling helper that
+# the ``uvicorn --factory _stack:...`` processes import under the same name) is on the path already.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _stack import (
-    CORE_SERVICES,
-    DEFAULT_ADMIN_DATABASE_URL,
-    HopPair,
-    ServiceStack,
-    cpu_seconds,
-    hop_pair,
-    machine_cpu_seconds,
-    rss_kib,
-)
+from _stack import HopPair, cpu_seconds, hop_pair, machine_cpu_seconds, rss_kib, service_stack
 
 from infra.providers.inventory import CITIES
+from tests.stack import CORE, TEST_DATABASE_URL
 
 RESULTS = Path(__file__).resolve().parent / "results" / "booking_throughput.json"
 
@@ -728,12 +720,13 @@ def target_stack(options: Options) -> Iterator[tuple[str, str | None, dict[str, 
     if options.url:
         yield options.url.rstrip("/"), options.database_url, {}
         return
-    log("starting the stack: " + ", ".join(CORE_SERVICES))
-    with ServiceStack(redis_url=options.redis_url, admin_database_url=options.admin_database_url) as stack:
+    log("starting the stack: " + ", ".join(CORE))
+    with service_stack(redis_url=options.redis_url, admin_database_url=options.admin_database_url) as stack:
+        services = stack.services.values()
         try:
-            yield stack.url("booking-agent"), stack.database_url, stack.pids()
+            yield stack.url("booking-agent"), stack.env["DATABASE_URL"], {p.name: p.pid for p in services}
         except BaseException:
-            log("the run failed; the services' logs end with:\n" + stack.log_tails())
+            log("the run failed; the services' logs end with:\n" + "\n".join(p.log_tail() for p in services))
             raise
         finally:
             log("stopping the stack, dropping its database and Redis keys")
@@ -759,7 +752,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--hop-samples", type=int, default=1000)
     parser.add_argument("--checkpoint-samples", type=int, default=300)
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--admin-database-url", default=DEFAULT_ADMIN_DATABASE_URL)
+    parser.add_argument("--admin-database-url", default=TEST_DATABASE_URL)
     parser.add_argument(
         "--database-url", help="with --url: the stack's checkpointer database (for the aput baseline and W)"
     )

@@ -371,6 +371,25 @@ def _log_background_failure(task: asyncio.Task[Any]) -> None:
 # idempotent_node
 
 
+STOP_BACKGROUND_WAIT_S = 1.0
+
+
+async def _stop_background(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """End a helper task (lease renewal) without ever hanging the node on it.
+
+    The flag ends the loop at its next turn even if a library it awaits swallowed the cancellation (seen under load:
+    the renewal kept sleeping, "cancelling", and a bare ``await`` on it held the node forever). ``asyncio.wait``
+    (unlike awaiting the task) does not swallow a cancellation aimed at us.
+    """
+    stop.set()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=STOP_BACKGROUND_WAIT_S)
+    if not done:
+        logger.warning(
+            "%s did not stop within %.1fs; leaving it to end on its own", task.get_name(), STOP_BACKGROUND_WAIT_S
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class _Idempotent:
     redis: RedisProvider
@@ -409,8 +428,9 @@ class _Idempotent:
             return stored
         span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "took_over" if waited else "executed")
 
+        stop_renewing = asyncio.Event()
         renewer = asyncio.create_task(
-            self._renew(client, scripts, record, token, lease_s), name=f"idempotency-renew:{self.name}"
+            self._renew(client, scripts, record, token, lease_s, stop_renewing), name=f"idempotency-renew:{self.name}"
         )
         key_token = _current_key.set(stable_key)
         try:
@@ -422,9 +442,7 @@ class _Idempotent:
                 payload = self._encode(result)
             finally:
                 _current_key.reset(key_token)
-                renewer.cancel()
-                # asyncio.wait (unlike awaiting the task) does not swallow a cancellation aimed at us.
-                await asyncio.wait({renewer})
+                await _stop_background(renewer, stop_renewing)
         except BaseException:
             await self._release(client, scripts, record, token)
             raise
@@ -462,10 +480,14 @@ class _Idempotent:
             await self.sleep(min(delay, remaining, lease_left))
             delay = min(delay * 2, self.max_poll_interval_s)
 
-    async def _renew(self, client: RedisClient, scripts: _Scripts, record: str, token: str, lease_s: float) -> None:
+    async def _renew(
+        self, client: RedisClient, scripts: _Scripts, record: str, token: str, lease_s: float, stop: asyncio.Event
+    ) -> None:
         lease_ms = max(1, math.ceil(lease_s * 1000))
-        while True:
+        while not stop.is_set():
             await self.sleep(lease_s / 3)
+            if stop.is_set():
+                return
             try:
                 renewed = await scripts.renew(keys=[record], args=[token, lease_ms], client=client)
             except RedisError:

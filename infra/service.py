@@ -19,6 +19,8 @@ metrics are registered on first use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import logging
 import math
@@ -436,6 +438,23 @@ def _instrument_httpx() -> None:
         instrumentor.instrument()
 
 
+def _install_task_dump() -> None:
+    """``kill -USR2 <pid>`` logs the stack of every asyncio task: how to see where a stuck request waits."""
+    import signal
+
+    def dump() -> None:
+        tasks = asyncio.all_tasks()
+        lines = [f"{len(tasks)} asyncio task(s):"]
+        for task in tasks:
+            buffer = io.StringIO()
+            task.print_stack(file=buffer)
+            lines.append(buffer.getvalue())
+        logger.warning("\n".join(lines))
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dump)
+
+
 def _apply_circuit_overrides(overrides: Mapping[str, Mapping[str, float]]) -> None:
     """``CONCIERGE_CIRCUITS`` (start-up only): e.g. a short recovery timeout for a demo or an end-to-end test."""
     for name, fields in overrides.items():
@@ -483,6 +502,7 @@ def create_service_app(
         app.state.service = ServiceInfo(service_name, _instance_id(), time.monotonic())
         redis = create_redis(settings.redis_url)
         app.state.redis = redis
+        _install_task_dump()
         logger.info("%s starting (instance %s)", service_name, app.state.service.instance_id)
         try:
             if lifespan is None:

@@ -124,25 +124,16 @@ async def redis(settings_env: pytest.MonkeyPatch, redis_url: str, key_prefix: st
         await client.aclose()
 
 
-TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty database; dropped after the test."""
     import psycopg
 
-    name = f"concierge_test_{uuid.uuid4().hex[:12]}"
+    from tests.stack import TEST_DATABASE_URL, fresh_database
+
     try:
-        admin = psycopg.connect(TEST_DATABASE_URL, autocommit=True, connect_timeout=5)
+        psycopg.connect(TEST_DATABASE_URL, connect_timeout=5).close()
     except psycopg.OperationalError as exc:
         unavailable(f"Postgres at {TEST_DATABASE_URL} is unreachable: {exc}")
-        raise
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = TEST_DATABASE_URL.rpartition("/")
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(TEST_DATABASE_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(name_prefix="concierge_test") as url:
+        yield url

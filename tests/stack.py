@@ -44,15 +44,16 @@ def stay(days_ahead: int = 40, nights: int = 2) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def fresh_database() -> Iterator[str]:
-    name = f"concierge_e2e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(TEST_DATABASE_URL, autocommit=True) as admin:
+def fresh_database(admin_url: str = TEST_DATABASE_URL, *, name_prefix: str = "concierge_e2e") -> Iterator[str]:
+    """A new, empty database on the server of ``admin_url``; dropped (connections forced out) afterwards."""
+    name = f"{name_prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = TEST_DATABASE_URL.rpartition("/")
+    base, _, _ = admin_url.rpartition("/")
     try:
         yield f"{base}/{name}"
     finally:
-        with psycopg.connect(TEST_DATABASE_URL, autocommit=True) as admin:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -64,11 +65,15 @@ class Stack:
         *,
         database_url: str | None = None,
         env: Mapping[str, str] | None = None,
+        key_prefix: str | None = None,
+        span_files: bool = True,
     ) -> None:
+        """``span_files=False``: no ``CONCIERGE_SPAN_FILE``, for runs that measure (the export is synchronous)."""
         self.tmp_path = tmp_path
         self.ports = {name: free_port() for name in URL_ENV}
         self.token = secrets.token_hex(16)
-        self.prefix = f"e2e-{uuid.uuid4().hex[:10]}"
+        self.prefix = key_prefix or f"e2e-{uuid.uuid4().hex[:10]}"
+        self.span_files = span_files
         self.env: dict[str, str] = {
             "REDIS_URL": redis_url,
             "CONCIERGE_KEY_PREFIX": self.prefix,
@@ -92,7 +97,8 @@ class Stack:
         return f"http://127.0.0.1:{self.ports[service]}"
 
     def serve(self, service: str, *, wait: bool = True, env: Mapping[str, str] | None = None) -> ServiceProcess:
-        extra = {"CONCIERGE_SPAN_FILE": str(self.span_file(service)), **(env or {})}
+        spans = {"CONCIERGE_SPAN_FILE": str(self.span_file(service))} if self.span_files else {}
+        extra = {**spans, **(env or {})}
         proc = self.procs.serve(service, port=self.ports[service], env=extra, wait=wait)
         self.services[service] = proc
         return proc
