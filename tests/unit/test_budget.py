@@ -14,14 +14,7 @@ from resilience import (
     remaining_budget,
     restore_budget_defaults,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 @pytest.fixture

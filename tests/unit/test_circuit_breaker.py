@@ -19,14 +19,7 @@ from resilience import (
     NonRetryableError,
     circuit_registry,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 class Down(ConnectionError):

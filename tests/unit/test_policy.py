@@ -35,6 +35,7 @@ from resilience import (
     remaining_budget,
     remove_hook,
 )
+from tests.fakes import FakeClock
 
 
 class Flaky(ConnectionError):
@@ -43,14 +44,6 @@ class Flaky(ConnectionError):
 
 class DeclinedCard(NonRetryableError):
     pass
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(autouse=True)

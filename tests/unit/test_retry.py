@@ -34,6 +34,7 @@ from resilience import (
     set_testing,
     with_retry,
 )
+from tests.fakes import FakeClock
 
 
 class Flaky(ConnectionError):
@@ -42,14 +43,6 @@ class Flaky(ConnectionError):
 
 class DeclinedCard(NonRetryableError):
     pass
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Recorder:
