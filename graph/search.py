@@ -2,10 +2,12 @@
 
 ::
 
-    START → validate → query_hotels → rank → END
+    START → validate → query_hotels → END
 
-``query_hotels`` is the only I/O: hotel-api ``GET /hotels`` through ``policy_for("hotel_api")`` (breaker → retry,
-each attempt bounded by the caller's budget). No side effects, so no checkpointer and no idempotency.
+``validate`` refuses a malformed stay before any I/O. ``query_hotels`` is the only I/O: hotel-api ``GET /hotels``
+through ``policy_for("hotel_api")`` (breaker → retry, each attempt bounded by the caller's budget), then ranks the
+offers in the same step (``rank_offers``, pure): every super-step costs LangGraph bookkeeping on the request path,
+and ranking needs nothing a separate step would add. No side effects, so no checkpointer and no idempotency.
 """
 
 from __future__ import annotations
@@ -58,6 +60,20 @@ def validate_stay(checkin: str, checkout: str, guests: int) -> int:
     return nights
 
 
+def rank_offers(
+    offers: list[dict[str, Any]], *, hotel_id: str | None = None, max_price_per_night: float | None = None
+) -> list[dict[str, Any]]:
+    """Bookable offers (rooms left, matching ``hotel_id`` and the price ceiling), cheapest first."""
+    ranked = [o for o in offers if o["available_rooms"] > 0]
+    if hotel_id:
+        ranked = [o for o in ranked if o["hotel_id"] == hotel_id]
+    if max_price_per_night is not None:
+        ranked = [o for o in ranked if o["price_per_night"] <= max_price_per_night]
+    # cheapest first; among equal prices the better hotel
+    ranked.sort(key=lambda o: (o["price_per_night"], -o["stars"], o["hotel_id"]))
+    return ranked
+
+
 def build_search_graph(hotels: HotelApiClient) -> CompiledStateGraph[SearchState, None, SearchState, SearchState]:
     policy = policy_for("hotel_api")
 
@@ -77,26 +93,15 @@ def build_search_graph(hotels: HotelApiClient) -> CompiledStateGraph[SearchState
             checkout=state["checkout"],
             guests=state["guests"],
         )
-        return {"offers": offers}
-
-    @traced_node("rank")
-    async def rank(state: SearchState, config: RunnableConfig) -> dict[str, Any]:
-        offers = [o for o in state.get("offers", []) if o["available_rooms"] > 0]
-        if state.get("hotel_id"):
-            offers = [o for o in offers if o["hotel_id"] == state["hotel_id"]]
-        ceiling = state.get("max_price_per_night")
-        if ceiling is not None:
-            offers = [o for o in offers if o["price_per_night"] <= ceiling]
-        # cheapest first; among equal prices the better hotel
-        offers.sort(key=lambda o: (o["price_per_night"], -o["stars"], o["hotel_id"]))
-        return {"offers": offers}
+        ranked = rank_offers(
+            offers, hotel_id=state.get("hotel_id"), max_price_per_night=state.get("max_price_per_night")
+        )
+        return {"offers": ranked}
 
     builder = StateGraph(SearchState)
     builder.add_node("validate", validate)
     builder.add_node("query_hotels", query_hotels)
-    builder.add_node("rank", rank)
     builder.add_edge(START, "validate")
     builder.add_edge("validate", "query_hotels")
-    builder.add_edge("query_hotels", "rank")
-    builder.add_edge("rank", END)
+    builder.add_edge("query_hotels", END)
     return builder.compile(name="search")
