@@ -235,8 +235,11 @@ async def create_booking(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
 ) -> Accepted:
-    booking_id, _created = await bulkhead_registry.get("booking_agent").run(_service().accept, body, idempotency_key)
+    booking_id, created = await bulkhead_registry.get("booking_agent").run(_service().accept, body, idempotency_key)
     response.headers["Location"] = f"/bookings/{booking_id}"
+    if created:
+        return Accepted(booking_id=booking_id, status="pending")
+    # a retried request: report how far the booking it already created has got
     booking = await app.state.booking.bookings.get(booking_id)
     return Accepted(booking_id=booking_id, status=booking["status"] if booking else "pending")
 

@@ -21,6 +21,7 @@ from graph.nodes import (
     traced_node,
     use_tracer_provider,
 )
+from infra.lazy import lazy_exports
 
 # The graph builders pull in the A2A SDK and the provider clients; resolve them on first use so importing the
 # decorators (as the recovery CLI does) stays cheap.
@@ -34,13 +35,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'graph' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

@@ -12,9 +12,9 @@ A booking that got its 202 has a run record and a lease (``RunStore.create``); i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from infra.lazy import lazy_exports
 from recovery.errors import (
     LeaseLostError,
     RecoveryError,
@@ -58,11 +58,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'recovery' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [
