@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from infra.settings import get_settings
+from tests.procs import free_port
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -27,12 +28,6 @@ def unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required service unavailable in CI: {reason}")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_redis_server(port: int | None = None, *, appendonly: bool = False) -> tuple[subprocess.Popen[bytes], str]:

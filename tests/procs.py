@@ -62,10 +62,22 @@ class ServiceNotReadyError(AssertionError):
     """The process exited or did not answer its readiness probe in time (message ends with its log tail)."""
 
 
+_issued_ports: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on, never the same twice in this test run.
+
+    The OS may hand a just-closed ephemeral port out again at once, so several ports picked before any service binds
+    them could collide; remembering what was issued rules that out.
+    """
+    while True:
+        with socket.socket() as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _issued_ports:
+            _issued_ports.add(port)
+            return port
 
 
 def concierge_command() -> list[str]:
