@@ -7,18 +7,26 @@ Opened as an async context manager in a service's lifespan, with ``setup()`` run
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from infra.settings import get_settings
 
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
 logger = logging.getLogger(__name__)
 
 # Any fixed number works; it only has to be the same in every process that runs the migrations.
 _SETUP_LOCK_ID = 0x636F6E63  # "conc"
+_SETUP_LOCK_POLL_S = 0.05
+# The migrations take about a second; a holder that long gone is stuck, and a service should say so, not hang.
+_SETUP_LOCK_TIMEOUT_S = 60.0
 
 
 @asynccontextmanager
@@ -39,7 +47,7 @@ async def _postgres(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 
-    pool: AsyncConnectionPool = AsyncConnectionPool(
+    pool: AsyncConnectionPool[AsyncConnection[dict[str, Any]]] = AsyncConnectionPool(
         url,
         min_size=1,
         max_size=10,
@@ -48,10 +56,10 @@ async def _postgres(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
     )
     await pool.open(wait=True, timeout=10)
     try:
-        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        saver = AsyncPostgresSaver(pool)
         # Several services start at once; the migrations table is not safe against concurrent first runs.
         async with pool.connection() as conn:
-            await conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK_ID,))
+            await _acquire_setup_lock(conn)
             try:
                 await saver.setup()
             finally:
@@ -60,6 +68,27 @@ async def _postgres(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
         yield saver
     finally:
         await pool.close()
+
+
+async def _acquire_setup_lock(conn: AsyncConnection[dict[str, Any]]) -> None:
+    """Take the migrations lock by polling, never by waiting inside Postgres.
+
+    A session blocked in ``pg_advisory_lock`` sits in an open transaction, and one of the migrations is
+    ``CREATE INDEX CONCURRENTLY``, which waits for every open transaction to end: the holder would wait for the
+    waiters and the waiters for the holder, a deadlock Postgres does not detect. Between two tries a waiter is idle.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _SETUP_LOCK_TIMEOUT_S
+    while True:
+        cursor = await conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (_SETUP_LOCK_ID,))
+        row = await cursor.fetchone()
+        if row is not None and row["locked"]:
+            return
+        if loop.time() >= deadline:
+            raise TimeoutError(
+                f"checkpointer: another process has held the migrations lock for {_SETUP_LOCK_TIMEOUT_S:.0f}s"
+            )
+        await asyncio.sleep(_SETUP_LOCK_POLL_S)
 
 
 @asynccontextmanager

@@ -375,6 +375,26 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     assert after.returncode == 1 and "stack not running" in after.stderr
 
 
+def test_up_on_a_fresh_postgres_database_starts_and_books(
+    stack_env: dict[str, str], tmp_path: Path, postgres_url: str
+) -> None:
+    """What docker compose runs: three services migrate the same empty checkpoint database at once."""
+    env = stack_env | {"DATABASE_URL": postgres_url}
+    up = concierge(env, "up", "--detach", *port_flags(), timeout=120)
+    supervisor_log = tmp_path / "data" / "logs" / "supervisor.log"
+    assert up.returncode == 0, (
+        f"{up.stdout}\n{up.stderr}\n{supervisor_log.read_text() if supervisor_log.exists() else ''}"
+    )
+    try:
+        checkin = (dt.date.today() + dt.timedelta(days=60)).isoformat()
+        booked = concierge(env, "book", "--city", "Porto", "--checkin", checkin, "--nights", "1", "--guests", "1")
+        assert booked.returncode == 0, booked.stdout + booked.stderr
+        assert booked.stdout.strip().splitlines()[-1].startswith("confirmed:")
+    finally:
+        down = concierge(env, "down", timeout=120)
+    assert down.returncode == 0, down.stderr
+
+
 def test_up_without_redis_or_redis_server_fails_fast_and_says_how_to_get_one(tmp_path: Path) -> None:
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()
