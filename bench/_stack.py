@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HopPair",
+    "a2a_inline_app",
+    "a2a_sdk_app",
     "cpu_seconds",
     "hop_backend_app",
     "hop_front_app",
@@ -45,6 +47,7 @@ __all__ = [
     "machine_cpu_seconds",
     "rss_kib",
     "service_stack",
+    "uvicorn_command",
 ]
 
 HOP_TARGET_ENV = "BENCH_HOP_TARGET"
@@ -162,6 +165,62 @@ def hop_front_app() -> FastAPI:
     return app
 
 
+def _a2a_echo_app(*, inline_send: bool) -> FastAPI:
+    """An agent with one skill that returns its input, and ``POST /echo`` doing the same as plain JSON.
+
+    Both sit behind the same token check, so the difference between them is what A2A itself costs.
+    """
+    import hmac
+
+    from fastapi import FastAPI
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    from infra.a2a import Skill, mount_a2a
+    from infra.settings import get_settings
+    from resilience import BulkheadConfig, bulkhead_registry
+
+    bulkhead_registry.configure("bench_echo", BulkheadConfig(max_concurrent=64, timeout=10))
+    expected = f"Bearer {get_settings().service_token}".encode()
+
+    async def echo(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"echo": payload}
+
+    app = FastAPI()
+    mount_a2a(
+        app,
+        name="bench-echo",
+        description="Echoes its input.",
+        url="http://127.0.0.1",
+        skills=[Skill("echo", "Echo", "Returns its input.", echo)],
+        bulkhead="bench_echo",
+        inline_send=inline_send,
+    )
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    async def plain(request: Request) -> JSONResponse:
+        if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
+        return JSONResponse(await echo(await request.json()))
+
+    # a Starlette route: FastAPI cannot resolve a locally imported ``Request`` annotation under postponed evaluation
+    app.router.add_route("/echo", plain, methods=["POST"])
+    return app
+
+
+def a2a_inline_app() -> FastAPI:
+    """``_a2a_echo_app`` as the agents mount it: a blocking send runs the skill inline."""
+    return _a2a_echo_app(inline_send=True)
+
+
+def a2a_sdk_app() -> FastAPI:
+    """``_a2a_echo_app`` with every request through the SDK's generic request handler."""
+    return _a2a_echo_app(inline_send=False)
+
+
 @dataclass(frozen=True)
 class HopPair:
     front: str
@@ -172,7 +231,7 @@ class HopPair:
     """(front, backend)"""
 
 
-def _uvicorn(factory: str, port: int) -> list[str]:
+def uvicorn_command(factory: str, port: int) -> list[str]:
     # the same server stack as the services (uvicorn's defaults pick uvloop and httptools when installed)
     return [
         sys.executable,
@@ -201,7 +260,9 @@ def hop_pair() -> Iterator[HopPair]:
         Processes(Path(workdir), env=env) as procs,
     ):
         backend = procs.start(
-            "hop-backend", _uvicorn("hop_backend_app", backend_port), port=backend_port, ready_path="/health"
+            "hop-backend", uvicorn_command("hop_backend_app", backend_port), port=backend_port, ready_path="/health"
         )
-        front = procs.start("hop-front", _uvicorn("hop_front_app", front_port), port=front_port, ready_path="/health")
+        front = procs.start(
+            "hop-front", uvicorn_command("hop_front_app", front_port), port=front_port, ready_path="/health"
+        )
         yield HopPair(front=front.url, backend=backend.url, pids=(front.pid, backend.pid))

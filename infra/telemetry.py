@@ -49,6 +49,9 @@ class JsonLinesSpanExporter(SpanExporter):
                         "trace_id": f"{ctx.trace_id:032x}" if ctx else None,
                         "span_id": f"{ctx.span_id:016x}" if ctx else None,
                         "parent_id": f"{parent.span_id:016x}" if parent else None,
+                        # Epoch nanoseconds: spans from different processes line up on one time axis.
+                        "start_ns": span.start_time,
+                        "end_ns": span.end_time,
                         "attributes": {k: _plain(v) for k, v in (span.attributes or {}).items()},
                         "status": span.status.status_code.name,
                         "events": [e.name for e in span.events],

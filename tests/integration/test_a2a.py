@@ -299,6 +299,72 @@ async def test_a_request_without_a_skill_is_an_invalid_request(agent_url: str) -
     assert task["status"]["message"]["parts"][0]["data"]["error"]["code"] == "invalid_request"
 
 
+# ------------------------------------------------------------------------------------ the SDK's other methods
+
+
+async def rpc(agent_url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async with httpx.AsyncClient() as raw:
+        response = await raw.post(
+            f"{agent_url}{A2A_PATH}",
+            json={"jsonrpc": "2.0", "id": "1", "method": method, "params": params},
+            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"},
+        )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+async def test_a_blocking_send_answers_with_a_terminal_task_that_get_task_finds(agent_url: str, probe: Probe) -> None:
+    sent = (await rpc(agent_url, "SendMessage", rpc_body("echo", {"n": 1})["params"]))["result"]["task"]
+    assert sent["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert sent["artifacts"][0]["parts"][0]["data"]["input"] == {"n": 1}
+    assert probe.calls == 1
+
+    found = (await rpc(agent_url, "GetTask", {"id": sent["id"]}))["result"]
+    assert found["id"] == sent["id"] and found["contextId"] == sent["contextId"]
+    assert found["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert found["artifacts"] == sent["artifacts"]
+    assert probe.calls == 1, "reading a task must not run the skill again"
+
+
+async def test_a_send_keeps_the_callers_context_id(agent_url: str) -> None:
+    params = rpc_body()["params"]
+    params["message"]["contextId"] = "conversation-7"
+    task = (await rpc(agent_url, "SendMessage", params))["result"]["task"]
+    assert task["contextId"] == "conversation-7"
+
+
+async def test_a_non_blocking_send_is_served_by_the_sdk_and_completes_in_the_background(
+    agent_url: str, probe: Probe
+) -> None:
+    params = rpc_body("hold")["params"]
+    params["configuration"] = {"returnImmediately": True}
+    first = (await rpc(agent_url, "SendMessage", params))["result"]["task"]
+    assert first["status"]["state"] in {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
+    probe.release.set()
+    deadline = time.monotonic() + 10
+    while True:
+        task = (await rpc(agent_url, "GetTask", {"id": first["id"]}))["result"]
+        if task["status"]["state"] == "TASK_STATE_COMPLETED":
+            break
+        assert time.monotonic() < deadline, task["status"]
+        await asyncio.sleep(0.02)
+    [artifact] = task["artifacts"]
+    assert artifact["name"] == "result" and artifact["parts"][0]["data"] == {"held": True}
+
+
+async def test_a_message_naming_an_unknown_task_is_refused_by_the_sdk(agent_url: str, probe: Probe) -> None:
+    params = rpc_body()["params"]
+    params["message"]["taskId"] = "no-such-task"
+    answer = await rpc(agent_url, "SendMessage", params)
+    assert answer["error"]["code"] == -32001  # TaskNotFoundError
+    assert probe.calls == 0
+
+
+async def test_get_task_for_an_unknown_id_is_task_not_found(agent_url: str) -> None:
+    answer = await rpc(agent_url, "GetTask", {"id": "no-such-task"})
+    assert answer["error"]["code"] == -32001
+
+
 # ---------------------------------------------------------------------------------------------------- budget
 
 
