@@ -9,7 +9,8 @@ Each of ``--clients`` clients loops: ``POST /bookings`` (a random city of the te
 300 days, so inventory never runs out and no 409 distorts the numbers), then ``GET /bookings/{id}?wait=`` until the
 booking is final. Latency is from sending the POST to reading ``confirmed``.
 
-Baselines, measured in the same run on the same machine (so noise from a busy machine hits both sides):
+Baselines, measured in the same run on the same machine, in ``--rounds`` short rounds that alternate with the
+unloaded bookings (so a slow minute of a shared machine weighs on both sides of the comparison alike):
 
 - one bare loopback hop: p50 of ``GET /hop`` on a tiny FastAPI app that calls another tiny FastAPI app over httpx,
   both real uvicorn processes;
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -36,7 +38,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +197,20 @@ class LoadResult:
 
     def bookings_per_s(self) -> float:
         return len(self.confirmed_latencies_s()) / self.window_s if self.window_s > 0 else 0.0
+
+    @classmethod
+    def merge(cls, parts: Sequence[LoadResult]) -> LoadResult:
+        """Several windows as one: their in-window bookings laid end to end, windows summed, errors added."""
+        merged = cls(clients=parts[0].clients, started=0.0, window_end=0.0)
+        for part in parts:
+            shift = merged.window_end - part.started
+            merged.completed += [
+                dataclasses.replace(c, started=c.started + shift, finished=c.finished + shift) for c in part.in_window()
+            ]
+            merged.window_end += part.window_s
+            merged.errors.update(part.errors)
+            merged.confirmed_ids += part.confirmed_ids
+        return merged
 
     def summary(self) -> dict[str, Any]:
         window = self.in_window()
@@ -359,55 +375,90 @@ async def timed_requests(
     return times, cpu_ms
 
 
-async def hop_baseline(pair: HopPair, samples: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        hop, hop_cpu_ms = await timed_requests(http, f"{pair.front}/hop", samples, pair.pids)
-        direct, direct_cpu_ms = await timed_requests(http, f"{pair.backend}/pong", samples, pair.pids[1:])
-    return {
-        "samples": samples,
-        "hop_ms": {k: v * 1000 for k, v in percentiles(hop).items()},
-        "hop_server_cpu_ms": hop_cpu_ms,
-        "direct_request_ms": {k: v * 1000 for k, v in percentiles(direct).items()},
-        "direct_server_cpu_ms": direct_cpu_ms,
-    }
+class HopSampler:
+    """The bare hop (``GET front/hop``) and, for scale, a direct request; sampled in several short rounds."""
+
+    def __init__(self, pair: HopPair, http: httpx.AsyncClient) -> None:
+        self.pair, self.http = pair, http
+        self.hop: list[float] = []
+        self.direct: list[float] = []
+        self.hop_cpu_s = self.direct_cpu_s = 0.0
+
+    async def sample(self, samples: int, warmup: int = 20) -> None:
+        hop, hop_cpu_ms = await timed_requests(self.http, f"{self.pair.front}/hop", samples, self.pair.pids, warmup)
+        direct, direct_cpu_ms = await timed_requests(
+            self.http, f"{self.pair.backend}/pong", samples, self.pair.pids[1:], warmup
+        )
+        self.hop += hop
+        self.direct += direct
+        self.hop_cpu_s += hop_cpu_ms * samples / 1000
+        self.direct_cpu_s += direct_cpu_ms * samples / 1000
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "samples": len(self.hop),
+            "hop_ms": {k: v * 1000 for k, v in percentiles(self.hop).items()},
+            "hop_server_cpu_ms": self.hop_cpu_s * 1000 / max(len(self.hop), 1),
+            "direct_request_ms": {k: v * 1000 for k, v in percentiles(self.direct).items()},
+            "direct_server_cpu_ms": self.direct_cpu_s * 1000 / max(len(self.direct), 1),
+        }
 
 
-async def checkpoint_baseline(database_url: str, booking_id: str, samples: int) -> dict[str, Any]:
-    """``aput`` of the final checkpoint of ``booking_id`` (all its channels) onto fresh threads, one at a time."""
-    from infra.checkpointer import open_checkpointer
+class CheckpointSampler:
+    """``aput`` of a real booking's final checkpoint (all its channels) onto fresh threads, one at a time, through
+    ``infra.checkpointer.open_checkpointer`` (the saver and pool configuration the services use)."""
 
-    async with open_checkpointer(database_url) as saver:
-        stored = await saver.aget_tuple({"configurable": {"thread_id": booking_id, "checkpoint_ns": ""}})
-        if stored is None:
-            raise RuntimeError(f"no checkpoint for booking {booking_id}: is the stack using {database_url}?")
-        checkpoint, metadata = stored.checkpoint, stored.metadata
-        versions = dict(checkpoint["channel_versions"])
-        size = sum(len(saver.serde.dumps_typed(v)[1]) for v in checkpoint["channel_values"].values())
-        run = uuid.uuid4().hex[:8]
+    def __init__(self, database_url: str, booking_id: str) -> None:
+        self.database_url, self.booking_id = database_url, booking_id
+        self.times: list[float] = []
+        self.cpu_s = 0.0
+        self._run = uuid.uuid4().hex[:8]
+        self._threads: list[str] = []
 
-        async def put(i: int) -> float:
-            config = {"configurable": {"thread_id": f"bench-baseline-{run}-{i}", "checkpoint_ns": ""}}
-            start = time.perf_counter()
-            await saver.aput(config, checkpoint, metadata, versions)  # type: ignore[arg-type]
-            return time.perf_counter() - start
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[CheckpointSampler]:
+        from infra.checkpointer import open_checkpointer
 
-        try:
-            for i in range(min(50, samples)):
-                await put(-1 - i)
-            cpu_before = time.process_time()
-            times = [await put(i) for i in range(samples)]
-            cpu_ms = (time.process_time() - cpu_before) * 1000 / samples
-        finally:
-            # with --url this is somebody's database: leave nothing behind
-            for i in range(-min(50, samples), samples):
-                await saver.adelete_thread(f"bench-baseline-{run}-{i}")
-    return {
-        "samples": samples,
-        "channels": len(versions),
-        "serialized_bytes": size,
-        "aput_ms": {k: v * 1000 for k, v in percentiles(times).items()},
-        "aput_client_cpu_ms": cpu_ms,
-    }
+        async with open_checkpointer(self.database_url) as saver:
+            stored = await saver.aget_tuple({"configurable": {"thread_id": self.booking_id, "checkpoint_ns": ""}})
+            if stored is None:
+                raise RuntimeError(f"no checkpoint for booking {self.booking_id}: is the stack using this database?")
+            self._saver, self._stored = saver, stored
+            self.channels = len(stored.checkpoint["channel_versions"])
+            self.serialized_bytes = sum(
+                len(saver.serde.dumps_typed(v)[1]) for v in stored.checkpoint["channel_values"].values()
+            )
+            try:
+                for _ in range(50):
+                    await self._put()
+                yield self
+            finally:
+                # with --url this is somebody's database: leave nothing behind
+                for thread in self._threads:
+                    await saver.adelete_thread(thread)
+
+    async def _put(self) -> float:
+        thread = f"bench-baseline-{self._run}-{len(self._threads)}"
+        self._threads.append(thread)
+        checkpoint, metadata = self._stored.checkpoint, self._stored.metadata
+        config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        start = time.perf_counter()
+        await self._saver.aput(config, checkpoint, metadata, dict(checkpoint["channel_versions"]))  # type: ignore[arg-type]
+        return time.perf_counter() - start
+
+    async def sample(self, samples: int) -> None:
+        cpu_before = time.process_time()
+        self.times += [await self._put() for _ in range(samples)]
+        self.cpu_s += time.process_time() - cpu_before
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "samples": len(self.times),
+            "channels": self.channels,
+            "serialized_bytes": self.serialized_bytes,
+            "aput_ms": {k: v * 1000 for k, v in percentiles(self.times).items()},
+            "aput_client_cpu_ms": self.cpu_s * 1000 / max(len(self.times), 1),
+        }
 
 
 async def checkpoints_written(database_url: str, booking_ids: Sequence[str]) -> dict[str, Any]:
@@ -458,6 +509,7 @@ class Options:
     unloaded: int
     hop_samples: int
     checkpoint_samples: int
+    rounds: int
     redis_url: str
     admin_database_url: str
     database_url: str | None
@@ -498,6 +550,11 @@ class CpuSnapshot:
         return out
 
 
+def _share(total: int, rounds: int, i: int) -> int:
+    """Round ``i``'s part of ``total`` split over ``rounds`` (the remainder goes to the first rounds)."""
+    return total // rounds + (1 if i < total % rounds else 0)
+
+
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -520,24 +577,65 @@ async def measure(
         if not warm.confirmed_ids:
             raise RuntimeError(f"no booking was confirmed during the warm-up: {dict(warm.errors)}")
 
-        log(f"baseline: bare FastAPI→FastAPI hop, {options.hop_samples} requests")
-        with hop_pair() as pair:
-            result["hop_baseline"] = await hop_baseline(pair, options.hop_samples)
-        if database_url:
-            log(f"baseline: AsyncPostgresSaver.aput, {options.checkpoint_samples} writes")
-            result["checkpoint_baseline"] = await checkpoint_baseline(
-                database_url, warm.confirmed_ids[0], options.checkpoint_samples
+        # The machine's speed drifts over minutes (it is shared): the baselines and the unloaded bookings are taken
+        # in alternating short rounds, so a slow minute weighs on both sides of the comparison alike.
+        rounds = options.rounds
+        log(
+            f"unloaded, in {rounds} rounds: {options.unloaded} bookings by 1 client, {options.hop_samples} bare hops"
+            + (f", {options.checkpoint_samples} checkpoint writes" if database_url else "")
+        )
+        unloaded_parts: list[LoadResult] = []
+        cpu_ms: dict[str, float] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            pair = stack.enter_context(hop_pair())
+            hops = HopSampler(pair, await stack.enter_async_context(httpx.AsyncClient(timeout=30)))
+            checkpoints = (
+                await stack.enter_async_context(CheckpointSampler(database_url, warm.confirmed_ids[0]).opened())
+                if database_url
+                else None
             )
-
-        log(f"unloaded: 1 client, {options.unloaded} bookings")
-        cpu_before = CpuSnapshot.take(pids)
-        unloaded = await run_load(
-            http, clients=1, stop=StopRule(confirmed=options.unloaded), new_booking=new_booking, keep_ids=20
-        )
+            per_round: list[dict[str, float]] = []
+            for i in range(rounds):
+                seen = (len(hops.hop), len(checkpoints.times) if checkpoints is not None else 0)
+                await hops.sample(_share(options.hop_samples, rounds, i))
+                if checkpoints is not None:
+                    await checkpoints.sample(_share(options.checkpoint_samples, rounds, i))
+                cpu_before = CpuSnapshot.take(pids)
+                part = await run_load(
+                    http,
+                    clients=1,
+                    stop=StopRule(confirmed=_share(options.unloaded, rounds, i)),
+                    new_booking=new_booking,
+                    keep_ids=20,
+                )
+                spent = CpuSnapshot.take(pids).per_booking_ms(cpu_before, 1)
+                for name, ms in spent.items():
+                    cpu_ms[name] = cpu_ms.get(name, 0.0) + ms
+                unloaded_parts.append(part)
+                per_round.append(
+                    {
+                        "hop_p50_ms": statistics.median(hops.hop[seen[0] :]) * 1000,
+                        "aput_p50_ms": statistics.median(checkpoints.times[seen[1] :]) * 1000
+                        if checkpoints is not None
+                        else float("nan"),
+                        "booking_p50_ms": part.summary()["latency_ms"]["p50"],
+                    }
+                )
+                log(
+                    "round {}: hop {hop_p50_ms:.2f} ms, aput {aput_p50_ms:.2f} ms, booking {booking_p50_ms:.1f} ms".format(
+                        i + 1, **per_round[-1]
+                    )
+                )
+            result["rounds"] = per_round
+            result["hop_baseline"] = hops.summary()
+            if checkpoints is not None:
+                result["checkpoint_baseline"] = checkpoints.summary()
+        unloaded = LoadResult.merge(unloaded_parts)
         result["unloaded"] = unloaded.summary()
-        result["unloaded"]["cpu_ms_per_booking"] = CpuSnapshot.take(pids).per_booking_ms(
-            cpu_before, len(unloaded.completed)
-        )
+        done = max(len(unloaded.completed), 1)
+        result["unloaded"]["cpu_ms_per_booking"] = {
+            name: (ms / rounds if name == "machine busy fraction" else ms / done) for name, ms in cpu_ms.items()
+        }
 
         stop = StopRule(confirmed=options.bookings) if options.bookings else StopRule(seconds=options.duration_s)
         log(f"load: {options.clients} clients until {stop.describe()}")
@@ -651,6 +749,11 @@ def report(options: Options, result: dict[str, Any], targets: list[Target], part
             f"| AsyncPostgresSaver.aput, booking-sized ({cp['channels']} channels, {cp['serialized_bytes']} B) "
             f"| {cp['aput_ms']['p50']:.2f} | {cp['aput_ms']['p95']:.2f} | {cp['aput_client_cpu_ms']:.2f} (client) |"
         )
+    if result.get("rounds"):
+        print("\n| unloaded round | bare hop p50 ms | aput p50 ms | booking p50 ms |")
+        print("|---:|---:|---:|---:|")
+        for i, r in enumerate(result["rounds"], 1):
+            print(f"| {i} | {r['hop_p50_ms']:.2f} | {r['aput_p50_ms']:.2f} | {r['booking_p50_ms']:.1f} |")
     print(f"\n| CPU ms per booking | {options.clients} clients | 1 client |")
     print("|---|---:|---:|")
     for name, ms in loaded["cpu_ms_per_booking"].items():
@@ -751,6 +854,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--unloaded", type=int, default=40, help="bookings by one client alone (default 40)")
     parser.add_argument("--hop-samples", type=int, default=1000)
     parser.add_argument("--checkpoint-samples", type=int, default=300)
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="the unloaded bookings and the baselines alternate in this many rounds"
+    )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--admin-database-url", default=TEST_DATABASE_URL)
     parser.add_argument(
@@ -761,6 +867,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     args = parser.parse_args(argv)
     if args.clients < 1 or args.duration <= 0 or (args.bookings is not None and args.bookings < 1):
         parser.error("--clients, --duration and --bookings must be positive")
+    if args.rounds < 1 or min(args.unloaded, args.hop_samples) < args.rounds:
+        parser.error("--rounds must be at least 1, and --unloaded and --hop-samples at least --rounds")
+    if args.checkpoint_samples < args.rounds:
+        parser.error("--checkpoint-samples must be at least --rounds")
     return Options(
         url=args.url,
         clients=args.clients,
@@ -770,6 +880,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         unloaded=args.unloaded,
         hop_samples=args.hop_samples,
         checkpoint_samples=args.checkpoint_samples,
+        rounds=args.rounds,
         redis_url=args.redis_url,
         admin_database_url=args.admin_database_url,
         database_url=args.database_url,

@@ -260,7 +260,8 @@ def build_booking_graph(
         return {"status": status}
 
     def next_or_compensate(next_node: str) -> Any:
-        def route(state: BookingState) -> str:
+        # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup
+        async def route(state: BookingState) -> str:
             return "compensate" if state.get("error") else next_node
 
         return route

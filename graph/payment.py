@@ -81,7 +81,8 @@ def build_payment_graph(
             await policy.call(payments.refund, payment_id, idempotency_key=f"{base_key}:{payment_id}")
         return {"refunded": payment_ids, "status": "refunded", "error": None}
 
-    def route(state: PaymentState) -> str:
+    # async on purpose: LangGraph runs a plain function on a thread pool, a round trip for a dict lookup
+    async def route(state: PaymentState) -> str:
         return state["operation"]
 
     builder = StateGraph(PaymentState)

@@ -1,7 +1,8 @@
 """The LangGraph checkpointer every graph that touches money or rooms writes to.
 
-``DATABASE_URL`` set → ``AsyncPostgresSaver`` on a connection pool; unset → ``AsyncSqliteSaver`` on a file in
-``CONCIERGE_DATA_DIR`` (WAL, with a busy timeout so the booking agents and the recovery worker can share it).
+``DATABASE_URL`` set → ``PooledPostgresSaver`` (``AsyncPostgresSaver`` tuned for a pool, see
+``infra/pooled_saver.py``) on a connection pool; unset → ``AsyncSqliteSaver`` on a file in ``CONCIERGE_DATA_DIR``
+(WAL, with a busy timeout so the booking agents and the recovery worker can share it).
 Opened as an async context manager in a service's lifespan, with ``setup()`` run once at start.
 """
 
@@ -43,9 +44,10 @@ async def open_checkpointer(database_url: str | None = None) -> AsyncIterator[Ba
 
 @asynccontextmanager
 async def _postgres(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
+
+    from infra.pooled_saver import PooledPostgresSaver
 
     pool: AsyncConnectionPool[AsyncConnection[dict[str, Any]]] = AsyncConnectionPool(
         url,
@@ -56,7 +58,7 @@ async def _postgres(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
     )
     await pool.open(wait=True, timeout=10)
     try:
-        saver = AsyncPostgresSaver(pool)
+        saver = PooledPostgresSaver(pool)
         # Several services start at once; the migrations table is not safe against concurrent first runs.
         async with pool.connection() as conn:
             await _acquire_setup_lock(conn)
