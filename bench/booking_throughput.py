@@ -555,6 +555,16 @@ def _share(total: int, rounds: int, i: int) -> int:
     return total // rounds + (1 if i < total % rounds else 0)
 
 
+def python_loop_seconds(iterations: int = 10_000_000) -> float:
+    """Seconds for a plain Python loop: how fast this machine runs Python today, to compare runs across machines
+    (the absolute targets, bookings/s, depend on it; the latency ratio mostly does not)."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i
+    return time.perf_counter() - start
+
+
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -564,7 +574,11 @@ async def measure(
 ) -> dict[str, Any]:
     new_booking = BookingFactory(options.seed)
     limits = httpx.Limits(max_connections=options.clients * 2, max_keepalive_connections=options.clients * 2)
-    result: dict[str, Any] = {"loadavg_start": loadavg(), "checkpoints_from_code": checkpoints_from_code()}
+    result: dict[str, Any] = {
+        "loadavg_start": loadavg(),
+        "python_loop_s": python_loop_seconds(),
+        "checkpoints_from_code": checkpoints_from_code(),
+    }
     async with httpx.AsyncClient(base_url=booking_url, timeout=LONG_POLL_S + 30, limits=limits) as http:
         log(f"warm-up: {options.clients} clients for {options.warmup_s:g} s")
         warm = await run_load(
@@ -718,7 +732,8 @@ def report(options: Options, result: dict[str, Any], targets: list[Target], part
     hop, loaded, unloaded = result["hop_baseline"], result["loaded"], result["unloaded"]
     print(f"\n# booking throughput: {options.clients} clients, {platform.node()} ({os.cpu_count()} CPUs)\n")
     print(
-        f"load average {result['loadavg_start']} at start, {result['loadavg_end']} at end"
+        f"load average {result['loadavg_start']} at start, {result['loadavg_end']} at end; a 10M-iteration Python"
+        f" loop took {result['python_loop_s']:.2f} s"
         " (the machine is shared: numbers are noisy when it is busy)\n"
     )
     print(

@@ -69,8 +69,8 @@ async def execute_run(
     config = run_config(lease.thread_id)
     try:
         async with lease.keep_alive():
+            # No status write here: creating or acquiring a lease already marks the run ``running``.
             with fence_scope(lease.ensure_owned), detached_budget(budget_s):
-                await lease.set_status(RunStatus.RUNNING)
                 stream = graph.astream(input, config, stream_mode="updates", durability="sync")
                 async with aclosing(stream):  # type: ignore[type-var]
                     async for _update in stream:
