@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from redis.asyncio import Redis
 
@@ -48,14 +48,18 @@ redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
 return 1
 """
 
-# Final states are final: an update never moves a confirmed/failed booking anywhere else.
+# Final states are final: an update never moves a confirmed/failed booking anywhere else. A final update also
+# answers with the whole record, which the long-polls waiting here return without reading it again.
 _UPDATE = """
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-if status == 'confirmed' or status == 'failed' then return 0 end
+if not status then return {-1} end
+if status == 'confirmed' or status == 'failed' then return {0} end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-if ARGV[1] == '1' then redis.call('ZREM', KEYS[2], KEYS[1]) end
-return 1
+if ARGV[1] == '1' then
+  redis.call('ZREM', KEYS[2], KEYS[1])
+  return {1, redis.call('HGETALL', KEYS[1])}
+end
+return {1}
 """
 
 # One client key → one booking id; the body hash tells a retry from a different request under the same key.
@@ -74,9 +78,11 @@ class BookingStore:
         self._create = redis.register_script(_CREATE)
         self._update = redis.register_script(_UPDATE)
         self._claim = redis.register_script(_CLAIM_KEY)
-        # Long-polls waiting in this process, woken the moment a run here makes its booking final. A run finished
-        # elsewhere (the recovery worker, another replica) is noticed by the fallback poll.
+        # Long-polls waiting in this process, woken the moment a run here makes its booking final, with the final
+        # record in ``_finals`` (so the answer leaves before the run's last checkpoint is written, without another
+        # read). A run finished elsewhere (the recovery worker, another replica) is noticed by the fallback poll.
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._finals: dict[str, dict[str, Any]] = {}
 
     @staticmethod
     def _key(booking_id: str) -> str:
@@ -107,29 +113,20 @@ class BookingStore:
         """Move a booking forward; False if it is already final (or unknown)."""
         fields["updated_at"] = time.time()
         final = "1" if fields.get("status") in FINAL_STATUSES else "0"
-        result = await self._update(keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)])
-        if final == "1":
-            for event in self._waiters.get(booking_id, ()):
+        reply = await self._update(keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)])
+        updated = int(reply[0]) == 1
+        waiters = self._waiters.get(booking_id)
+        if final == "1" and waiters:
+            if updated:
+                record = reply[1]
+                self._finals[booking_id] = _view(dict(zip(record[::2], record[1::2], strict=True)))
+            for event in waiters:
                 event.set()
-        return int(result) == 1
+        return updated
 
     async def get(self, booking_id: str) -> dict[str, Any] | None:
         raw = await self._redis.hgetall(self._key(booking_id))
-        if not raw:
-            return None
-        view: dict[str, Any] = dict.fromkeys(PUBLIC_FIELDS)
-        for name, value in raw.items():
-            if name not in view:
-                continue
-            if value == "":
-                view[name] = None
-            elif name in _JSON_FIELDS:
-                view[name] = json.loads(value)
-            elif name in {"created_at", "updated_at"}:
-                view[name] = _iso(float(value))
-            else:
-                view[name] = value
-        return view
+        return _view(cast(dict[str, str], raw)) if raw else None
 
     async def wait_final(self, booking_id: str, wait_s: float) -> dict[str, Any] | None:
         """The booking once it is final, or as it stands when ``wait_s`` runs out (long polling)."""
@@ -146,10 +143,13 @@ class BookingStore:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(left, FALLBACK_POLL_S)):
                         await event.wait()
+                if (final := self._finals.get(booking_id)) is not None:
+                    return dict(final)
         finally:
             waiters.discard(event)
             if not waiters:
                 self._waiters.pop(booking_id, None)
+                self._finals.pop(booking_id, None)
 
     async def in_flight(self) -> int:
         return int(await self._redis.zcard(self._inflight_key()))
@@ -162,6 +162,23 @@ class BookingStore:
         stored = await self._claim(keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl])
         bound_id, _, bound_hash = str(stored).partition(":")
         return bound_id, bound_hash == body_hash
+
+
+def _view(raw: Mapping[str, str]) -> dict[str, Any]:
+    """The public view of a stored record: every public field, JSON fields decoded, times as ISO 8601."""
+    view: dict[str, Any] = dict.fromkeys(PUBLIC_FIELDS)
+    for name, value in raw.items():
+        if name not in view:
+            continue
+        if value == "":
+            view[name] = None
+        elif name in _JSON_FIELDS:
+            view[name] = json.loads(value)
+        elif name in {"created_at", "updated_at"}:
+            view[name] = _iso(float(value))
+        else:
+            view[name] = value
+    return view
 
 
 def _flatten(fields: Mapping[str, Any]) -> list[Any]:

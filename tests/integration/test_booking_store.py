@@ -50,9 +50,14 @@ async def test_a_long_poll_wakes_when_the_booking_becomes_final(store: BookingSt
 
     started = time.monotonic()
     finisher = asyncio.create_task(finish_soon())
-    view = await store.wait_final("b3", 5)
+    views = await asyncio.gather(store.wait_final("b3", 5), store.wait_final("b3", 5))
     await finisher
+    view = views[0]
     assert view is not None and view["status"] == "confirmed" and view["payment_id"] == "pay_1"
+    # both waiters got the record as stored, handed over by the update (not read again)
+    assert views[0] == views[1] == await store.get("b3")
+    views[0]["status"] = "tampered"
+    assert views[1]["status"] == "confirmed", "each waiter gets its own copy"
     # woken by the update, not by the 0.25 s fallback poll (generous bound: shared CI machines)
     assert time.monotonic() - started < 0.24
 
