@@ -14,11 +14,14 @@ unloaded bookings (so a slow minute of a shared machine weighs on both sides of 
 
 - one bare loopback hop: p50 of ``GET /hop`` on a tiny FastAPI app that calls another tiny FastAPI app over httpx,
   both real uvicorn processes;
-- one checkpoint write: p50 of ``AsyncPostgresSaver.aput`` of a real booking's final checkpoint, same database,
-  through the same pool configuration the services use (``infra.checkpointer.open_checkpointer``).
+- the checkpointer's writes, through the saver and pool configuration the services use
+  (``infra.checkpointer.open_checkpointer``), same database: p50 of ``aput`` of a real booking's final checkpoint,
+  and p50 of ``aput_writes`` of a real node's result. A ``durability="sync"`` step makes both, in that order
+  (task writes, then the checkpoint); the database tells how many of each a booking made.
 
-Targets (2-core machine, fault-free providers): ≥ 25 bookings/s with 16 clients; p50 ≤ 2 × (K hops + W checkpoint
-writes, priced from the baselines); every service's RSS < 250 MB and flat from the 1,000th to the 5,000th booking.
+Targets (2-core machine, fault-free providers): ≥ 25 bookings/s with 16 clients; p50 ≤ 2 × (K hops + W checkpoints
++ B task-write batches, priced from the baselines; the stricter checkpoints-only figure is printed too); every
+service's RSS < 250 MB and flat from the 1,000th to the 5,000th booking.
 Prints a markdown table and writes ``bench/results/booking_throughput.json``. Exit status 1 when a target fails.
 """
 
@@ -405,12 +408,18 @@ class HopSampler:
 
 
 class CheckpointSampler:
-    """``aput`` of a real booking's final checkpoint (all its channels) onto fresh threads, one at a time, through
-    ``infra.checkpointer.open_checkpointer`` (the saver and pool configuration the services use)."""
+    """The two writes a ``durability="sync"`` step makes, priced one at a time through
+    ``infra.checkpointer.open_checkpointer`` (the saver and pool configuration the services use):
+
+    - ``aput`` of a real booking's final checkpoint (all its channels) onto a fresh thread;
+    - ``aput_writes`` of a median-sized task-write batch that booking stored (what one node returned), under a
+      fresh task id.
+    """
 
     def __init__(self, database_url: str, booking_id: str) -> None:
         self.database_url, self.booking_id = database_url, booking_id
         self.times: list[float] = []
+        self.write_times: list[float] = []
         self.cpu_s = 0.0
         self._run = uuid.uuid4().hex[:8]
         self._threads: list[str] = []
@@ -428,9 +437,21 @@ class CheckpointSampler:
             self.serialized_bytes = sum(
                 len(saver.serde.dumps_typed(v)[1]) for v in stored.checkpoint["channel_values"].values()
             )
+            batches: list[list[tuple[str, Any]]] = []
+            async for item in saver.alist({"configurable": {"thread_id": self.booking_id, "checkpoint_ns": ""}}):
+                by_task: dict[str, list[tuple[str, Any]]] = {}
+                for task_id, channel, value in item.pending_writes or []:
+                    by_task.setdefault(task_id, []).append((channel, value))
+                batches += by_task.values()
+            if not batches:
+                raise RuntimeError(f"booking {self.booking_id} stored no task writes")
+            # a typical node's result: the median-sized batch (the input's, the largest, would flatter the bound)
+            self._writes = sorted(batches, key=len)[len(batches) // 2]
+            self.write_channels = [channel for channel, _ in self._writes]
             try:
                 for _ in range(50):
                     await self._put()
+                    await self._put_writes()
                 yield self
             finally:
                 # with --url this is somebody's database: leave nothing behind
@@ -446,9 +467,20 @@ class CheckpointSampler:
         await self._saver.aput(config, checkpoint, metadata, dict(checkpoint["channel_versions"]))  # type: ignore[arg-type]
         return time.perf_counter() - start
 
+    async def _put_writes(self) -> float:
+        thread = self._threads[-1]  # the thread of the last aput: writes hang off a stored checkpoint
+        config = {
+            "configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": self._stored.checkpoint["id"]}
+        }
+        start = time.perf_counter()
+        await self._saver.aput_writes(config, self._writes, uuid.uuid4().hex)  # type: ignore[arg-type]
+        return time.perf_counter() - start
+
     async def sample(self, samples: int) -> None:
         cpu_before = time.process_time()
-        self.times += [await self._put() for _ in range(samples)]
+        for _ in range(samples):
+            self.times.append(await self._put())
+            self.write_times.append(await self._put_writes())
         self.cpu_s += time.process_time() - cpu_before
 
     def summary(self) -> dict[str, Any]:
@@ -457,7 +489,9 @@ class CheckpointSampler:
             "channels": self.channels,
             "serialized_bytes": self.serialized_bytes,
             "aput_ms": {k: v * 1000 for k, v in percentiles(self.times).items()},
-            "aput_client_cpu_ms": self.cpu_s * 1000 / max(len(self.times), 1),
+            "write_channels": self.write_channels,
+            "aput_writes_ms": {k: v * 1000 for k, v in percentiles(self.write_times).items()},
+            "client_cpu_ms_per_pair": self.cpu_s * 1000 / max(len(self.times), 1),
         }
 
 
@@ -679,8 +713,16 @@ def evaluate(options: Options, result: dict[str, Any]) -> tuple[list[Target], di
     w_code = from_code["booking_checkpoints"] + from_code["payment_checkpoints"]
     # what the database holds wins: it is what the run did
     w = int(written.get("checkpoints") or w_code)
+    # every step but the last stores its task's writes before its checkpoint (durability="sync")
+    b = int(written.get("write_batches") or w_code - 2)
     k = len(HOPS)
-    parts: dict[str, Any] = {"K_hops": k, "W_checkpoint_writes": w, "W_from_code": w_code, "hop_p50_ms": hop_ms}
+    parts: dict[str, Any] = {
+        "K_hops": k,
+        "W_checkpoint_writes": w,
+        "W_from_code": w_code,
+        "B_task_write_batches": b,
+        "hop_p50_ms": hop_ms,
+    }
     targets = [
         Target(
             f"throughput, {options.clients} clients",
@@ -691,16 +733,27 @@ def evaluate(options: Options, result: dict[str, Any]) -> tuple[list[Target], di
     ]
     if "checkpoint_baseline" in result:
         aput_ms = result["checkpoint_baseline"]["aput_ms"]["p50"]
-        unavoidable = k * hop_ms + w * aput_ms
+        writes_ms = result["checkpoint_baseline"]["aput_writes_ms"]["p50"]
+        # A sync step writes its task's writes, then its checkpoint: both are the checkpointer writes a booking
+        # cannot skip. (Earlier runs priced the checkpoints only; that stricter figure is reported alongside.)
+        unavoidable = k * hop_ms + w * aput_ms + b * writes_ms
+        checkpoints_only = k * hop_ms + w * aput_ms
         bound = TARGET_LATENCY_FACTOR * unavoidable
-        parts.update(aput_p50_ms=aput_ms, unavoidable_ms=unavoidable, latency_bound_ms=bound)
+        parts.update(
+            aput_p50_ms=aput_ms,
+            aput_writes_p50_ms=writes_ms,
+            unavoidable_ms=unavoidable,
+            latency_bound_ms=bound,
+            unavoidable_checkpoints_only_ms=checkpoints_only,
+            unloaded_p50_over_checkpoints_only=unloaded["latency_ms"]["p50"] / checkpoints_only,
+        )
         for label, summary in ((f"{options.clients} clients", loaded), ("1 client (unloaded)", unloaded)):
             p50 = summary["latency_ms"]["p50"]
             targets.append(
                 Target(
                     f"p50 latency to confirmed, {label}",
-                    f"{p50:.1f} ms ({p50 / unavoidable:.1f}× parts)",
-                    f"≤ {bound:.1f} ms (2 × {k}·{hop_ms:.2f} + {w}·{aput_ms:.2f})",
+                    f"{p50:.1f} ms ({p50 / unavoidable:.2f}× parts)",
+                    f"≤ {bound:.1f} ms (2 × {k}·{hop_ms:.2f} + {w}·{aput_ms:.2f} + {b}·{writes_ms:.2f})",
                     p50 <= bound,
                 )
             )
@@ -761,8 +814,13 @@ def report(options: Options, result: dict[str, Any], targets: list[Target], part
     if "checkpoint_baseline" in result:
         cp = result["checkpoint_baseline"]
         print(
-            f"| AsyncPostgresSaver.aput, booking-sized ({cp['channels']} channels, {cp['serialized_bytes']} B) "
-            f"| {cp['aput_ms']['p50']:.2f} | {cp['aput_ms']['p95']:.2f} | {cp['aput_client_cpu_ms']:.2f} (client) |"
+            f"| checkpoint write (`aput`), booking-sized ({cp['channels']} channels, {cp['serialized_bytes']} B) "
+            f"| {cp['aput_ms']['p50']:.2f} | {cp['aput_ms']['p95']:.2f} | "
+            f"{cp['client_cpu_ms_per_pair']:.2f} (client, both writes) |"
+        )
+        print(
+            f"| task writes (`aput_writes`), a node's result ({', '.join(cp['write_channels'])}) "
+            f"| {cp['aput_writes_ms']['p50']:.2f} | {cp['aput_writes_ms']['p95']:.2f} | |"
         )
     if result.get("rounds"):
         print("\n| unloaded round | bare hop p50 ms | aput p50 ms | booking p50 ms |")
@@ -796,14 +854,20 @@ def report(options: Options, result: dict[str, Any], targets: list[Target], part
     if written and written.get("bookings_checked"):
         print(
             f"  database, {written['bookings_checked']} bookings: {written['booking_checkpoints']} booking + "
-            f"{written['payment_checkpoints']} payment checkpoints (all alike: {written['all_alike']}); plus "
-            f"{written['write_batches']} aput_writes batches, not counted in W"
+            f"{written['payment_checkpoints']} payment checkpoints (all alike: {written['all_alike']}), and "
+            f"B = {written['write_batches']} task-write batches"
         )
     if "unavoidable_ms" in parts:
         bound = parts["latency_bound_ms"]
         print(
-            f"unavoidable parts = {parts['K_hops']} × {parts['hop_p50_ms']:.2f} + {parts['W_checkpoint_writes']} × "
-            f"{parts['aput_p50_ms']:.2f} = {parts['unavoidable_ms']:.1f} ms; bound = 2 × that = {bound:.1f} ms"
+            f"unavoidable parts = {parts['K_hops']} × {parts['hop_p50_ms']:.2f} (hops) + {parts['W_checkpoint_writes']}"
+            f" × {parts['aput_p50_ms']:.2f} (checkpoints) + {parts['B_task_write_batches']} × "
+            f"{parts['aput_writes_p50_ms']:.2f} (task writes) = {parts['unavoidable_ms']:.1f} ms; bound = 2 × that = "
+            f"{bound:.1f} ms"
+        )
+        print(
+            f"stricter, pricing the checkpoints only: {parts['unavoidable_checkpoints_only_ms']:.1f} ms; the 1-client "
+            f"p50 is {parts['unloaded_p50_over_checkpoints_only']:.2f}× that"
         )
         # Little's law for a closed loop: clients = throughput × latency, whatever the stack does.
         print(

@@ -25,6 +25,8 @@ and route to ``compensate``. Anything else (Redis down, a bug) raises: the run f
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -91,15 +93,20 @@ async def open_booking_deps(redis: Redis) -> AsyncIterator[BookingDeps]:
     hotels = HotelApiClient(settings.hotel_api_url)
     search_agent = A2AClient(settings.search_agent_url)
     payment_agent = A2AClient(settings.payment_agent_url)
+    deps = BookingDeps(
+        redis=redis,
+        bookings=BookingStore(redis),
+        hotels=hotels,
+        search_agent=search_agent,
+        payment_agent=payment_agent,
+    )
     try:
-        yield BookingDeps(
-            redis=redis,
-            bookings=BookingStore(redis),
-            hotels=hotels,
-            search_agent=search_agent,
-            payment_agent=payment_agent,
-        )
+        yield deps
     finally:
+        # progress reports still in flight: give them a moment to land before the clients go
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                await deps.bookings.flush()
         await hotels.aclose()
         await search_agent.aclose()
         await payment_agent.aclose()
@@ -132,8 +139,9 @@ def build_booking_graph(
     payment_policy = policy_for("payment_api")
     store = deps.bookings
 
-    async def progress(state: BookingState, status: str) -> None:
-        await store.update(state["booking_id"], status=status)
+    def progress(state: BookingState, status: str) -> None:
+        # in the background and in order: the step's own calls need not wait for a status people read
+        store.report(state["booking_id"], status)
 
     @traced_node("search")
     async def search(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
@@ -141,7 +149,7 @@ def build_booking_graph(
             validate_stay(state["checkin"], state["checkout"], state["guests"])
         except InvalidSearchError as exc:
             return failure("invalid_request", str(exc))
-        await progress(state, "searching")
+        progress(state, "searching")
         query = {
             "city": state["city"],
             "checkin": state["checkin"],
@@ -164,7 +172,7 @@ def build_booking_graph(
     @traced_node("reserve")
     @idempotent_node(lambda: deps.redis, "reserve", key_fields=["booking_id"])
     async def reserve(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        await progress(state, "reserving")
+        progress(state, "reserving")
         base_key = idempotency_key()
         last_error: BaseException | None = None
         for offer in state["candidates"]:
@@ -195,7 +203,7 @@ def build_booking_graph(
     @traced_node("charge")
     @idempotent_node(lambda: deps.redis, "charge", key_fields=["booking_id", "reservation_id"])
     async def charge(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        await progress(state, "paying")
+        progress(state, "paying")
         request = {
             "amount": state["total_price"],
             "currency": state["currency"],
@@ -213,7 +221,7 @@ def build_booking_graph(
     @traced_node("confirm")
     @idempotent_node(lambda: deps.redis, "confirm", key_fields=["booking_id", "reservation_id"])
     async def confirm(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        await progress(state, "confirming")
+        progress(state, "confirming")
         try:
             await hotel_policy.call(
                 deps.hotels.confirm, str(state["reservation_id"]), idempotency_key=idempotency_key()
@@ -246,6 +254,7 @@ def build_booking_graph(
     async def finish(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
         error = state.get("error")
         status = "failed" if error else "confirmed"
+        await store.flush(state["booking_id"])  # "confirming" before "confirmed", never after
         await store.update(
             state["booking_id"],
             status=status,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Final, cast
@@ -17,6 +19,8 @@ from typing import Any, Final, cast
 from redis.asyncio import Redis
 
 from infra.redis import key
+
+logger = logging.getLogger(__name__)
 
 FINAL_STATUSES: Final = frozenset({"confirmed", "failed"})
 STATUSES: Final = ("pending", "searching", "reserving", "paying", "confirming", "confirmed", "failed")
@@ -83,6 +87,8 @@ class BookingStore:
         # read). A run finished elsewhere (the recovery worker, another replica) is noticed by the fallback poll.
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._finals: dict[str, dict[str, Any]] = {}
+        # The last progress write in flight per booking; the next one waits for it, so they land in order.
+        self._reports: dict[str, asyncio.Task[None]] = {}
 
     @staticmethod
     def _key(booking_id: str) -> str:
@@ -123,6 +129,41 @@ class BookingStore:
             for event in waiters:
                 event.set()
         return updated
+
+    def report(self, booking_id: str, status: str) -> None:
+        """Record a progress status (``searching``, ``reserving``...) in the background.
+
+        Progress is for people watching a booking, so a step does not wait for it: the write goes out while the step
+        does its work. Reports for one booking land in the order they were made here (each waits for the previous),
+        and never after a final status (``update`` refuses that). A failed write is logged, not raised: the step's
+        own Redis calls fail too if Redis is really gone.
+        """
+        if status in FINAL_STATUSES or status not in STATUSES:
+            raise ValueError(f"not a progress status: {status!r}")
+        previous = self._reports.get(booking_id)
+        task = asyncio.create_task(self._write_report(previous, booking_id, status), name=f"progress:{booking_id}")
+        self._reports[booking_id] = task
+        task.add_done_callback(functools.partial(self._report_done, booking_id))
+
+    async def flush(self, booking_id: str | None = None) -> None:
+        """Wait until the progress reports made so far (for one booking, or all) are written."""
+        pending = [self._reports[booking_id]] if booking_id in self._reports else []
+        if booking_id is None:
+            pending = list(self._reports.values())
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _write_report(self, previous: asyncio.Task[None] | None, booking_id: str, status: str) -> None:
+        if previous is not None:
+            await asyncio.wait({previous})
+        try:
+            await self.update(booking_id, status=status)
+        except Exception:
+            logger.warning("booking %s: could not record status %r", booking_id, status, exc_info=True)
+
+    def _report_done(self, booking_id: str, task: asyncio.Task[None]) -> None:
+        if self._reports.get(booking_id) is task:
+            del self._reports[booking_id]
 
     async def get(self, booking_id: str) -> dict[str, Any] | None:
         raw = await self._redis.hgetall(self._key(booking_id))

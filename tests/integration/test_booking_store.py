@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -86,3 +87,60 @@ async def test_a_client_key_binds_one_booking_and_remembers_the_body(store: Book
     assert await store.claim_client_key("k1", "hash-a", "first") == ("first", True)
     assert await store.claim_client_key("k1", "hash-a", "second") == ("first", True)
     assert await store.claim_client_key("k1", "hash-b", "third") == ("first", False)
+
+
+# ------------------------------------------------------------------------------------------- progress reports
+
+
+class SlowFirstUpdate(BookingStore):
+    """The first update takes a while (a slow network moment); records the order updates reach Redis."""
+
+    def __init__(self, redis: Any) -> None:
+        super().__init__(redis)
+        self.landed: list[str] = []
+
+    async def update(self, booking_id: str, **fields: Any) -> bool:
+        if not self.landed:
+            self.landed.append("(slow)")
+            await asyncio.sleep(0.1)
+        self.landed.append(str(fields.get("status")))
+        return await super().update(booking_id, **fields)
+
+
+async def test_progress_reports_do_not_wait_and_land_in_order(redis: Any) -> None:
+    store = SlowFirstUpdate(redis)
+    await store.create("p1", REQUEST)
+    started = time.monotonic()
+    store.report("p1", "searching")
+    store.report("p1", "reserving")
+    store.report("p1", "paying")
+    assert time.monotonic() - started < 0.05, "report() must not wait for Redis"
+    await store.flush("p1")
+    assert store.landed == ["(slow)", "searching", "reserving", "paying"]
+    view = await store.get("p1")
+    assert view is not None and view["status"] == "paying"
+
+
+async def test_a_report_never_moves_a_final_booking(store: BookingStore) -> None:
+    await store.create("p2", REQUEST)
+    await store.update("p2", status="confirmed")
+    store.report("p2", "confirming")
+    await store.flush()
+    view = await store.get("p2")
+    assert view is not None and view["status"] == "confirmed"
+
+
+async def test_a_report_is_only_a_progress_status(store: BookingStore) -> None:
+    for status in ("confirmed", "failed", "lost"):
+        with pytest.raises(ValueError, match="not a progress status"):
+            store.report("p3", status)
+
+
+async def test_a_failed_report_is_logged_not_raised(store: BookingStore, caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(booking_id: str, **fields: Any) -> bool:
+        raise ConnectionError("redis went away")
+
+    store.update = broken  # type: ignore[method-assign]
+    store.report("p4", "searching")
+    await store.flush("p4")
+    assert "could not record status 'searching'" in caplog.text
