@@ -4,11 +4,13 @@ Server: ``mount_a2a(app, ...)`` serves the agent card at ``/.well-known/agent-ca
 JSON-RPC at ``/a2a`` (``Authorization: Bearer $CONCIERGE_SERVICE_TOKEN`` required, else 401). Before the SDK sees
 a request, the ``/a2a`` endpoint checks the token (constant time), starts the budget from ``X-Timeout-Budget``
 (400 when invalid, capped at ``CONCIERGE_MAX_BUDGET_S``) and adopts the caller's ``traceparent`` when no
-instrumentation did. The SDK runs the ``AgentExecutor`` in its own asyncio task but copies the caller's
-``contextvars`` when the request is enqueued (``ActiveTask.enqueue_request``), so the budget and the trace
-context set here reach the skill handler. The handler runs inside the agent's bulkhead and under
-``asyncio.timeout(remaining budget)``: when the budget ends it is cancelled, not left running for a caller that
-gave up.
+instrumentation did. A blocking ``SendMessage`` that starts a new task (what ``A2AClient`` sends) runs the skill
+inline, in the request's own task (``_SkillRequestHandler``: the SDK's producer/consumer machinery costs more than
+the call itself); every other request goes through the SDK's handler, which runs the ``AgentExecutor`` in its own
+asyncio task but copies the caller's ``contextvars`` when the request is enqueued (``ActiveTask.enqueue_request``).
+Either way the budget and the trace context set here reach the skill handler. The handler runs inside the agent's
+bulkhead and under ``asyncio.timeout(remaining budget)``: when the budget ends it is cancelled, not left running
+for a caller that gave up.
 
 Wire format (JSON-RPC ``SendMessage``, blocking): the request message carries one data part
 ``{"skill": "<id>", "input": {...}}``. Every call ends in one ``Task``:

@@ -61,7 +61,7 @@ class Probe:
         self.calls = 0
 
 
-def build_app(probe: Probe, *, native_tracing: bool = True) -> FastAPI:
+def build_app(probe: Probe, *, native_tracing: bool = True, inline_send: bool = True) -> FastAPI:
     async def echo(data: dict[str, Any]) -> dict[str, Any]:
         probe.calls += 1
         span = trace.get_current_span().get_span_context()
@@ -109,6 +109,7 @@ def build_app(probe: Probe, *, native_tracing: bool = True) -> FastAPI:
             Skill("hold", "Hold", "Waits until the test releases it.", hold),
         ],
         bulkhead=BULKHEAD,
+        inline_send=inline_send,
     )
     return app
 
@@ -145,9 +146,12 @@ def probe() -> Probe:
     return Probe()
 
 
-@pytest.fixture
-async def agent_url(env: pytest.MonkeyPatch, probe: Probe, bulkhead: None) -> AsyncIterator[str]:
-    async with serve(build_app(probe)) as url:
+@pytest.fixture(params=[True, False], ids=["inline-send", "sdk-handler"])
+async def agent_url(
+    env: pytest.MonkeyPatch, probe: Probe, bulkhead: None, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """Each test runs against both server paths: the inline blocking send and the SDK's generic handler."""
+    async with serve(build_app(probe, inline_send=request.param)) as url:
         yield url
 
 
