@@ -14,8 +14,8 @@ the booking's critical path, ten times per booking. The base class spends it twi
   more, while holding the connection. Here they are serialised inline. A graph whose state can grow large
   should keep the base class.
 
-Measured with a five-node graph, ``durability="sync"``, one run at a time: 29.2 → 20.1 ms per run (p50 of 10
-repetitions of 40 runs) on the 2-core machine; ``bench/booking_throughput.py`` shows it on whole bookings.
+Measured by ``bench/checkpoint_saver.py`` (a five-node graph, ``durability="sync"``, one run at a time, both
+classes interleaved on the same pool) and, on whole bookings, by ``bench/booking_throughput.py``.
 
 ``aput`` and ``aput_writes`` mirror langgraph-checkpoint-postgres 3.2 statement for statement, only without the
 thread; ``tests/integration/test_checkpointer.py`` writes the same steps through both classes and compares the
