@@ -110,11 +110,10 @@ class SlowFirstUpdate(BookingStore):
 async def test_progress_reports_do_not_wait_and_land_in_order(redis: Any) -> None:
     store = SlowFirstUpdate(redis)
     await store.create("p1", REQUEST)
-    started = time.monotonic()
     store.report("p1", "searching")
     store.report("p1", "reserving")
     store.report("p1", "paying")
-    assert time.monotonic() - started < 0.05, "report() must not wait for Redis"
+    assert store.landed == [], "report() returns before anything is written"
     await store.flush("p1")
     assert store.landed == ["(slow)", "searching", "reserving", "paying"]
     view = await store.get("p1")
