@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ __all__ = [
     "hop_front_app",
     "hop_pair",
     "machine_cpu_seconds",
+    "percentiles",
     "rss_kib",
     "service_stack",
     "uvicorn_command",
@@ -52,6 +54,22 @@ __all__ = [
 
 HOP_TARGET_ENV = "BENCH_HOP_TARGET"
 _BENCH_DIR = Path(__file__).resolve().parent
+
+
+def percentiles(values: Sequence[float], *, scale: float = 1.0) -> dict[str, float]:
+    """p50/p95/p99/mean/max of ``values`` times ``scale`` (``scale=1000``: seconds in, milliseconds out; empty → NaN)."""
+    if not values:
+        return {k: float("nan") for k in ("p50", "p95", "p99", "mean", "max")}
+    if len(values) == 1:
+        return dict.fromkeys(("p50", "p95", "p99", "mean", "max"), values[0] * scale)
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {
+        "p50": cuts[49] * scale,
+        "p95": cuts[94] * scale,
+        "p99": cuts[98] * scale,
+        "mean": statistics.fmean(values) * scale,
+        "max": max(values) * scale,
+    }
 
 
 def rss_kib(pid: int) -> int:
@@ -170,18 +188,14 @@ def _a2a_echo_app(*, inline_send: bool) -> FastAPI:
 
     Both sit behind the same token check, so the difference between them is what A2A itself costs.
     """
-    import hmac
-
     from fastapi import FastAPI
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-    from infra.a2a import Skill, mount_a2a
-    from infra.settings import get_settings
+    from infra.a2a import Skill, mount_a2a, token_ok
     from resilience import BulkheadConfig, bulkhead_registry
 
     bulkhead_registry.configure("bench_echo", BulkheadConfig(max_concurrent=64, timeout=10))
-    expected = f"Bearer {get_settings().service_token}".encode()
 
     async def echo(payload: dict[str, Any]) -> dict[str, Any]:
         return {"echo": payload}
@@ -202,7 +216,7 @@ def _a2a_echo_app(*, inline_send: bool) -> FastAPI:
         return {"status": "ok"}
 
     async def plain(request: Request) -> JSONResponse:
-        if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+        if not token_ok(request.headers.get("authorization")):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
         return JSONResponse(await echo(await request.json()))
 

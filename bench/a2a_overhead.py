@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import secrets
-import statistics
 import sys
 import tempfile
 import time
@@ -31,18 +30,13 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stack import cpu_seconds, uvicorn_command
+from _stack import cpu_seconds, percentiles, uvicorn_command
 
 from tests.procs import Processes, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "a2a_overhead.json"
 # What a charge request looks like on the wire: a handful of fields.
 PAYLOAD = {"amount": 240.0, "currency": "EUR", "payment_token": "tok_visa", "reference": "b" * 32}
-
-
-def percentiles_ms(seconds: list[float]) -> dict[str, float]:
-    cuts = statistics.quantiles(seconds, n=100, method="inclusive")
-    return {"p50": cuts[49] * 1000, "p95": cuts[94] * 1000, "mean": statistics.fmean(seconds) * 1000}
 
 
 async def measure(samples: int, rounds: int, urls: dict[str, str], pids: dict[str, int]) -> dict[str, Any]:
@@ -80,7 +74,7 @@ async def measure(samples: int, rounds: int, urls: dict[str, str], pids: dict[st
                     times[name].append(time.perf_counter() - start)
                 server_cpu[name] += cpu_seconds(pid) - cpu_before
     return {
-        name: {**percentiles_ms(times[name]), "server_cpu_ms": server_cpu[name] * 1000 / len(times[name])}
+        name: {**percentiles(times[name], scale=1000), "server_cpu_ms": server_cpu[name] * 1000 / len(times[name])}
         for name in cases
     }
 

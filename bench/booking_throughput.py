@@ -52,7 +52,7 @@ import httpx
 # the ``uvicorn --factory _stack:...`` processes import under the same name) is on the path already.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _stack import HopPair, cpu_seconds, hop_pair, machine_cpu_seconds, rss_kib, service_stack
+from _stack import HopPair, cpu_seconds, hop_pair, machine_cpu_seconds, percentiles, rss_kib, service_stack
 
 from infra.providers.inventory import CITIES
 from tests.stack import CORE, TEST_DATABASE_URL
@@ -137,26 +137,6 @@ def checkpoints_from_code() -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------------------------------- statistics
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float]:
-    """p50/p95/p99/mean/max in the unit of ``values`` (empty → NaN)."""
-    if not values:
-        return {k: float("nan") for k in ("p50", "p95", "p99", "mean", "max")}
-    if len(values) == 1:
-        v = values[0]
-        return {"p50": v, "p95": v, "p99": v, "mean": v, "max": v}
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return {
-        "p50": cuts[49],
-        "p95": cuts[94],
-        "p99": cuts[98],
-        "mean": statistics.fmean(values),
-        "max": max(values),
-    }
-
-
 # --------------------------------------------------------------------------------------------------- load
 
 
@@ -224,9 +204,9 @@ class LoadResult:
             "confirmed": len(latencies),
             "failed": sum(1 for c in window if c.status != "confirmed"),
             "bookings_per_s": self.bookings_per_s(),
-            "latency_ms": {k: v * 1000 for k, v in percentiles(latencies).items()},
+            "latency_ms": percentiles(latencies, scale=1000),
             "mean_polls_per_booking": statistics.fmean(c.polls for c in window) if window else float("nan"),
-            "notice_delay_ms": {k: v * 1000 for k, v in percentiles([c.notice_delay_s for c in window]).items()},
+            "notice_delay_ms": percentiles([c.notice_delay_s for c in window], scale=1000),
             "errors": dict(self.errors),
             "rss_kib_at_confirmed": {str(k): v for k, v in sorted(self.rss_kib_at.items())},
         }
@@ -400,9 +380,9 @@ class HopSampler:
     def summary(self) -> dict[str, Any]:
         return {
             "samples": len(self.hop),
-            "hop_ms": {k: v * 1000 for k, v in percentiles(self.hop).items()},
+            "hop_ms": percentiles(self.hop, scale=1000),
             "hop_server_cpu_ms": self.hop_cpu_s * 1000 / max(len(self.hop), 1),
-            "direct_request_ms": {k: v * 1000 for k, v in percentiles(self.direct).items()},
+            "direct_request_ms": percentiles(self.direct, scale=1000),
             "direct_server_cpu_ms": self.direct_cpu_s * 1000 / max(len(self.direct), 1),
         }
 
@@ -488,9 +468,9 @@ class CheckpointSampler:
             "samples": len(self.times),
             "channels": self.channels,
             "serialized_bytes": self.serialized_bytes,
-            "aput_ms": {k: v * 1000 for k, v in percentiles(self.times).items()},
+            "aput_ms": percentiles(self.times, scale=1000),
             "write_channels": self.write_channels,
-            "aput_writes_ms": {k: v * 1000 for k, v in percentiles(self.write_times).items()},
+            "aput_writes_ms": percentiles(self.write_times, scale=1000),
             "client_cpu_ms_per_pair": self.cpu_s * 1000 / max(len(self.times), 1),
         }
 

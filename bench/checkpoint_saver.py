@@ -19,7 +19,6 @@ import itertools
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import uuid
@@ -28,6 +27,7 @@ from typing import Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _stack import percentiles
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.graph import END, START, StateGraph
@@ -86,15 +86,17 @@ async def measure(database_url: str, runs: int, rounds: int) -> dict[str, Any]:
         for _ in range(rounds):
             for name, graph in graphs.items():
                 samples[name] += [await run_once(graph) for _ in range(max(1, runs // rounds))]
-    return {
-        name: {
+    summary = {}
+    for name, values in samples.items():
+        wall = percentiles([w for w, _ in values], scale=1000)
+        cpu = percentiles([c for _, c in values], scale=1000)
+        summary[name] = {
             "runs": len(values),
-            "wall_p50_ms": statistics.median(w for w, _ in values) * 1000,
-            "wall_p95_ms": statistics.quantiles([w for w, _ in values], n=20)[18] * 1000,
-            "cpu_mean_ms": statistics.fmean(c for _, c in values) * 1000,
+            "wall_p50_ms": wall["p50"],
+            "wall_p95_ms": wall["p95"],
+            "cpu_mean_ms": cpu["mean"],
         }
-        for name, values in samples.items()
-    }
+    return summary
 
 
 def main() -> int:

@@ -143,6 +143,7 @@ __all__ = [
     "Skill",
     "SkillHandler",
     "mount_a2a",
+    "token_ok",
 ]
 
 logger = logging.getLogger(__name__)
@@ -502,7 +503,8 @@ def _error_response(status: int, code: str, message: str, headers: dict[str, str
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-def _token_ok(header: str | None) -> bool:
+def token_ok(header: str | None) -> bool:
+    """``Authorization`` holds ``Bearer $CONCIERGE_SERVICE_TOKEN`` (constant-time comparison)."""
     scheme, _, credentials = (header or "").partition(" ")
     expected = get_settings().service_token.encode()
     # compare even when the scheme is wrong, so timing says nothing about which part failed
@@ -514,7 +516,7 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Re
     """Token, budget and trace context around the SDK's JSON-RPC endpoint."""
 
     async def a2a_endpoint(request: Request) -> Response:
-        if not _token_ok(request.headers.get("authorization")):
+        if not token_ok(request.headers.get("authorization")):
             return _error_response(
                 401, "unauthorized", "a valid service token is required", {"WWW-Authenticate": "Bearer"}
             )

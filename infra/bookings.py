@@ -147,9 +147,11 @@ class BookingStore:
 
     async def flush(self, booking_id: str | None = None) -> None:
         """Wait until the progress reports made so far (for one booking, or all) are written."""
-        pending = [self._reports[booking_id]] if booking_id in self._reports else []
+        # Reports for one booking are chained, so its last one is enough.
         if booking_id is None:
-            pending = list(self._reports.values())
+            pending = set(self._reports.values())
+        else:
+            pending = {last} if (last := self._reports.get(booking_id)) is not None else set()
         if pending:
             await asyncio.wait(pending)
 
