@@ -246,7 +246,8 @@ class HopPair:
 
 
 def uvicorn_command(factory: str, port: int) -> list[str]:
-    # the same server stack as the services (uvicorn's defaults pick uvloop and httptools when installed)
+    # the same server stack as the services (uvicorn's defaults pick uvloop and httptools when installed; the
+    # services run without uvicorn's access log, see CONCIERGE_ACCESS_LOG)
     return [
         sys.executable,
         "-m",
@@ -261,6 +262,7 @@ def uvicorn_command(factory: str, port: int) -> list[str]:
         str(port),
         "--lifespan",
         "on",
+        "--no-access-log",
     ]
 
 

@@ -13,6 +13,14 @@ the booking's critical path, ten times per booking. The base class spends it twi
   a few ids: about 0.5 KB serialised), which take microseconds to dump; the hop to a thread and back costs far
   more, while holding the connection. Here they are serialised inline. A graph whose state can grow large
   should keep the base class.
+- **One command per row.** The base class sends a step's rows as a pipeline: ``executemany`` of the blobs, then
+  the checkpoint; ``executemany`` of the task's writes. One network round trip, but psycopg drives the pipeline
+  one command at a time, each a wait on the socket through the event loop, and the server runs each as its own
+  statement. Here each call is one statement: the writes as one multi-row ``INSERT``, the blobs as a
+  data-modifying ``WITH`` in front of the checkpoint's ``INSERT`` (Postgres runs it exactly once, in the same
+  snapshot and transaction). Same tables, same rows, same conflict rules; a batch the single statement cannot
+  express the same way (two writes to one key, where ``ON CONFLICT DO UPDATE`` would refuse to touch a row twice,
+  or more than ``MAX_ROWS_PER_STATEMENT`` rows) goes the base class's way.
 
 Measured by ``bench/checkpoint_saver.py`` (a five-node graph, ``durability="sync"``, one run at a time, both
 classes interleaved on the same pool) and, on whole bookings, by ``bench/booking_throughput.py``.
@@ -24,8 +32,10 @@ rows, so a release that changes the base class's storage fails there, not in pro
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import lru_cache
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -43,7 +53,31 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["PooledPostgresSaver"]
+__all__ = ["MAX_ROWS_PER_STATEMENT", "PooledPostgresSaver"]
+
+MAX_ROWS_PER_STATEMENT = 32
+"""Larger batches go through ``executemany``: each row count is a prepared statement of its own per connection."""
+
+_ROW = re.compile(r"VALUES\s*(\((?:\s*%s\s*,)*\s*%s\s*\))", re.IGNORECASE)
+
+
+@lru_cache(maxsize=256)
+def multi_row(sql: str, rows: int) -> str:
+    """``sql``, an ``INSERT ... VALUES (%s, ...)`` of one row, rewritten to insert ``rows`` rows."""
+    match = _ROW.search(sql)
+    if match is None:
+        raise ValueError(f"not a one-row INSERT ... VALUES (%s, ...): {sql!r}")
+    row = match.group(1)
+    return f"{sql[: match.start(1)]}{', '.join([row] * rows)}{sql[match.end(1) :]}".strip().rstrip(";")
+
+
+def _flatten(rows: Sequence[Sequence[Any]]) -> list[Any]:
+    return [value for row in rows for value in row]
+
+
+# checkpoint_writes' primary key, by position in a row of ``_dump_writes``:
+# (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+_WRITE_KEY = (0, 1, 2, 3, 5)
 
 
 class PooledPostgresSaver(AsyncPostgresSaver):
@@ -97,10 +131,20 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             Jsonb(copy),
             Jsonb(get_serializable_checkpoint_metadata(config, metadata)),
         )
-        async with self._cursor(pipeline=True) as cur:
-            if blobs:
+        if not blobs:
+            async with self._cursor() as cur:
+                await cur.execute(self.UPSERT_CHECKPOINTS_SQL, row)
+        elif len(blobs) <= MAX_ROWS_PER_STATEMENT:
+            statement = (
+                f"WITH blobs AS ({multi_row(self.UPSERT_CHECKPOINT_BLOBS_SQL, len(blobs))}) "
+                f"{self.UPSERT_CHECKPOINTS_SQL.strip().rstrip(';')}"
+            )
+            async with self._cursor() as cur:
+                await cur.execute(statement, [*_flatten(blobs), *row])
+        else:
+            async with self._cursor(pipeline=True) as cur:
                 await cur.executemany(self.UPSERT_CHECKPOINT_BLOBS_SQL, blobs)
-            await cur.execute(self.UPSERT_CHECKPOINTS_SQL, row)
+                await cur.execute(self.UPSERT_CHECKPOINTS_SQL, row)
         return {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
         }
@@ -126,5 +170,12 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             task_path,
             writes,
         )
-        async with self._cursor(pipeline=True) as cur:
-            await cur.executemany(query, params)
+        if not params:
+            return
+        keys = {tuple(row[i] for i in _WRITE_KEY) for row in params}
+        if len(keys) == len(params) and len(params) <= MAX_ROWS_PER_STATEMENT:
+            async with self._cursor() as cur:
+                await cur.execute(multi_row(query, len(params)), _flatten(params))
+        else:
+            async with self._cursor(pipeline=True) as cur:
+                await cur.executemany(query, params)

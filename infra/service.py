@@ -104,8 +104,12 @@ def error_body(code: str, message: str | None = None, **extra: object) -> dict[s
     return {"error": error}
 
 
-def get_redis(request: Request) -> Redis:
-    """FastAPI dependency: the app's shared Redis client (created by the lifespan)."""
+async def get_redis(request: Request) -> Redis:
+    """FastAPI dependency: the app's shared Redis client (created by the lifespan).
+
+    ``async`` although it does not await: FastAPI runs a plain ``def`` dependency on its thread pool, a thread hop
+    (and a GIL hand-off) on every request that uses it, for one attribute read.
+    """
     redis: Redis = request.app.state.redis
     return redis
 
@@ -408,7 +412,7 @@ def _install_health_routes(app: FastAPI, checks: Mapping[str, ReadyCheck], ready
 
     @app.get("/health/ready", tags=["health"])
     async def ready(request: Request) -> JSONResponse:
-        redis = get_redis(request)
+        redis = await get_redis(request)
         all_checks: dict[str, ReadyCheck] = {"redis": redis.ping, **checks}
         results = await asyncio.gather(*(_run_check(name, fn, ready_timeout) for name, fn in all_checks.items()))
         failing = {name: reason for name, reason in results if reason is not None}

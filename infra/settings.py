@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     # tests (and curious users) can have every span appended to a JSON-lines file
     span_file: Path | None = Field(None, validation_alias="CONCIERGE_SPAN_FILE")
     log_level: str = Field("INFO", validation_alias="CONCIERGE_LOG_LEVEL")
+    # uvicorn's line per request: off by default, the request metrics and spans say more for less (a log record
+    # and a write per request, eight requests per booking)
+    access_log: bool = Field(False, validation_alias="CONCIERGE_ACCESS_LOG")
 
     # timeout budget
     default_budget_s: float = Field(30.0, validation_alias="CONCIERGE_DEFAULT_BUDGET_S", gt=0)

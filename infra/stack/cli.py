@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from infra.settings import get_settings
 from infra.stack.book import register_book
 from infra.stack.down import register_down
 from infra.stack.ops import register_fault, register_kill, register_start, register_stop
@@ -56,6 +57,12 @@ def register_serve(subparsers: Subparsers) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=None, help="port (default: the service's port)")
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
+    parser.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one log line per request (default: $CONCIERGE_ACCESS_LOG, off)",
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -75,6 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         log_level=args.log_level,
+        access_log=get_settings().access_log if args.access_log is None else args.access_log,
     )
     return 0
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from infra.stack import SERVICES
-from tests.procs import Processes, concierge_command
+from tests.procs import HOST, Processes, concierge_command, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -70,3 +70,20 @@ def test_unknown_service_exits_2_with_one_line() -> None:
     assert "nope" in lines[0]
     assert all(name in lines[0] for name in SERVICES)
     assert result.stdout == ""
+
+
+def _requests_logged(procs: Processes, name: str, *, env: dict[str, str], args: tuple[str, ...] = ()) -> bool:
+    port = free_port()
+    argv = [*concierge_command(), "serve", "payment-api", "--host", HOST, "--port", str(port), *args]
+    service = procs.start(name, argv, port=port, env=env)
+    assert httpx.get(f"{service.url}/admin/ledger").status_code == 200
+    service.terminate()
+    return '"GET /admin/ledger HTTP/1.1" 200' in service.log_text()
+
+
+def test_access_log_is_off_by_default_and_switched_by_env_or_flag(procs: Processes) -> None:
+    assert not _requests_logged(procs, "default", env={})
+    assert _requests_logged(procs, "env-on", env={"CONCIERGE_ACCESS_LOG": "true"})
+    # the flag wins over the environment, both ways
+    assert not _requests_logged(procs, "flag-off", env={"CONCIERGE_ACCESS_LOG": "true"}, args=("--no-access-log",))
+    assert _requests_logged(procs, "flag-on", env={}, args=("--access-log",))

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any, TypedDict
 
 import psycopg
 import pytest
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointMetadata, empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.graph import END, START, StateGraph
 
 from infra.checkpointer import open_checkpointer
-from infra.pooled_saver import PooledPostgresSaver
+from infra.pooled_saver import MAX_ROWS_PER_STATEMENT, PooledPostgresSaver, multi_row
 
 STARTERS = 4
+ERROR, INTERRUPT = "__error__", "__interrupt__"  # channels WRITES_IDX_MAP gives fixed indexes
 
 
 async def test_concurrent_first_start_on_a_fresh_database_completes(postgres_url: str) -> None:
@@ -165,3 +168,97 @@ async def test_pooled_saver_runs_many_threads_at_once(postgres_url: str) -> None
         assert {r["status"] for r in results} == {"confirmed"} and {r["count"] for r in results} == {3}
         state = await graph.aget_state({"configurable": {"thread_id": "concurrent-7"}})
         assert state.values["order"] == "o-7" and not state.next
+
+
+# ----------------------------------------------------- PooledPostgresSaver, one statement per call and its limits
+
+Call = Callable[[BaseCheckpointSaver[str], str], Awaitable[Any]]
+
+
+def _config(thread_id: str, checkpoint_id: str = "cp-1") -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+
+
+def _writes(*writes: tuple[str, Any], task: str = "task-1") -> Call:
+    async def call(saver: BaseCheckpointSaver[str], thread_id: str) -> None:
+        await saver.aput_writes(_config(thread_id), list(writes), task)
+
+    return call
+
+
+def _checkpoint(channels: int, *, parent: str | None = None, checkpoint_id: str = "cp-1") -> Call:
+    """A checkpoint with ``channels`` list-valued channels (each a blob row) and two inline ones."""
+
+    async def call(saver: BaseCheckpointSaver[str], thread_id: str) -> None:
+        checkpoint = empty_checkpoint()
+        checkpoint["id"] = checkpoint_id
+        checkpoint["ts"] = "2033-06-01T12:00:00+00:00"
+        values: dict[str, Any] = {f"list{i}": [i, {"n": i}] for i in range(channels)}
+        values.update(status="held", count=3)
+        checkpoint["channel_values"] = values
+        checkpoint["channel_versions"] = {name: f"0000{i}.1" for i, name in enumerate(values)}
+        config = (
+            _config(thread_id, parent) if parent else {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+        )
+        metadata: CheckpointMetadata = {"source": "loop", "step": 1}
+        await saver.aput(config, checkpoint, metadata, dict(checkpoint["channel_versions"]))
+
+    return call
+
+
+_ROWS = {
+    "checkpoints": "checkpoint_id, parent_checkpoint_id, checkpoint, metadata",
+    "checkpoint_blobs": "channel, version, type, blob",
+    "checkpoint_writes": "checkpoint_id, task_id, task_path, idx, channel, type, blob",
+}
+
+
+def _rows(url: str, thread_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {
+            table: conn.execute(
+                f"SELECT {columns} FROM {table} WHERE thread_id = %s ORDER BY 1, 2, 3", (thread_id,)
+            ).fetchall()
+            for table, columns in _ROWS.items()
+        }
+
+
+SCENARIOS: dict[str, list[Call]] = {
+    # one multi-row INSERT each
+    "three writes": [_writes(("offers", [1, 2]), ("status", "held"), ("count", 2))],
+    "the same writes again, new values (upsert over an earlier call)": [
+        _writes((ERROR, "first"), (INTERRUPT, "x")),
+        _writes((ERROR, "second"), (INTERRUPT, "y")),
+    ],
+    "checkpoint with blobs": [_checkpoint(3)],
+    "checkpoint without blobs": [_checkpoint(0)],
+    "checkpoint and its child": [_checkpoint(3), _checkpoint(3, parent="cp-1", checkpoint_id="cp-2")],
+    "the same checkpoint twice (upsert)": [_checkpoint(2), _checkpoint(2)],
+    # what one statement cannot say the same way: the executemany path
+    "two writes to one key in one call (the last one wins)": [_writes((ERROR, "first"), (ERROR, "second"))],
+    f"more than {MAX_ROWS_PER_STATEMENT} writes": [_writes(*((f"c{i}", i) for i in range(MAX_ROWS_PER_STATEMENT + 5)))],
+    f"more than {MAX_ROWS_PER_STATEMENT} blobs": [_checkpoint(MAX_ROWS_PER_STATEMENT + 5)],
+}
+
+
+@pytest.mark.parametrize("calls", SCENARIOS.values(), ids=SCENARIOS.keys())
+async def test_pooled_saver_writes_the_rows_the_base_class_writes(postgres_url: str, calls: list[Call]) -> None:
+    async with open_checkpointer(postgres_url) as pooled:
+        assert isinstance(pooled, PooledPostgresSaver)
+        base = AsyncPostgresSaver(pooled.conn)
+        threads = {"base": f"base-{uuid.uuid4().hex}", "pooled": f"pooled-{uuid.uuid4().hex}"}
+        for call in calls:
+            await call(base, threads["base"])
+            await call(pooled, threads["pooled"])
+    expected = _rows(postgres_url, threads["base"])
+    assert any(expected.values()), "the scenario wrote nothing"
+    assert _rows(postgres_url, threads["pooled"]) == expected
+
+
+def test_multi_row_repeats_the_values_row_only() -> None:
+    sql = "INSERT INTO t (a, b) VALUES (%s, %s) ON CONFLICT (a) DO UPDATE SET b = EXCLUDED.b;"
+    assert multi_row(sql, 3) == (
+        "INSERT INTO t (a, b) VALUES (%s, %s), (%s, %s), (%s, %s) ON CONFLICT (a) DO UPDATE SET b = EXCLUDED.b"
+    )
+    with pytest.raises(ValueError, match="one-row INSERT"):
+        multi_row("DELETE FROM t WHERE a = %s", 2)
