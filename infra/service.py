@@ -5,6 +5,7 @@
     lifespan   logging (once per process) · telemetry + FastAPI/httpx instrumentation (W3C context in and out)
                · budget defaults · resilience metrics hook · one Redis client on ``app.state.redis``
                · then the caller's own lifespan, nested, so it can use all of the above
+               · garbage-collector settings for a long-running process (``infra/gc_tuning.py``)
     edge       pure ASGI, outer → inner: request metrics → error boundary (500) → timeout budget → body limit
     errors     422 validation (FastAPI's ``detail`` list, malformed JSON included) · 503 ``ResilienceError``
                (``Retry-After`` for an open circuit) · 504 budget exhausted / bulkhead timeout · 500 anything
@@ -44,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infra.gc_tuning import service_gc
 from infra.metrics import install_resilience_metrics
 from infra.redis import create_redis
 from infra.settings import get_settings
@@ -517,11 +519,14 @@ def create_service_app(
         _install_task_dump()
         logger.info("%s starting (instance %s)", service_name, app.state.service.instance_id)
         try:
-            if lifespan is None:
-                yield
-            else:
-                async with lifespan(app):
+            with service_gc(settings.gc_gen0_threshold) as after_startup:
+                if lifespan is None:
+                    after_startup()
                     yield
+                else:
+                    async with lifespan(app):
+                        after_startup()
+                        yield
         finally:
             try:
                 await redis.aclose()

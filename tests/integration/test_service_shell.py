@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -294,3 +295,16 @@ async def test_incoming_trace_context_is_continued(client: httpx.AsyncClient) ->
     spans = [s for s in exporter.get_finished_spans() if "/budget" in s.name]
     assert spans, [s.name for s in exporter.get_finished_spans()]
     assert all(f"{s.context.trace_id:032x}" == trace_id for s in spans)
+
+
+async def test_a_running_service_has_the_gc_settings_and_gives_them_back(
+    redis: object, settings_env: pytest.MonkeyPatch
+) -> None:
+    settings_env.setenv("CONCIERGE_GC_GEN0_THRESHOLD", "23456")
+    get_settings.cache_clear()
+    before = gc.get_threshold()
+    async with running(build_app()) as client:
+        assert (await client.get("/health")).status_code == 200
+        assert gc.get_threshold()[0] == 23456
+        assert gc.get_freeze_count() > 0, "start-up objects are not frozen"
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

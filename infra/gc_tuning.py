@@ -1,0 +1,51 @@
+"""Garbage-collector settings for a long-running service process.
+
+CPython's cyclic collector runs a young-generation pass every 700 net allocations of container objects. One booking
+allocates far more than that in each service it passes through (pydantic models, protobuf messages, LangGraph's
+channel copies, httpx and OpenTelemetry objects), so the default runs several passes per request, and each pass
+walks every young object to find the rare cycle. For the life of a service, ``service_gc`` changes two things and
+puts both back when the service stops:
+
+- **a larger young generation** (``CONCIERGE_GC_GEN0_THRESHOLD``, default 50,000; ``0`` keeps CPython's 700): the
+  same garbage is found, in fewer, larger passes. The older generations keep CPython's ratios, so full collections
+  stay as frequent relative to the young ones as before, and the memory held by not-yet-collected cycles is bounded
+  by the threshold (tens of thousands of small objects, a few MB);
+- **``gc.freeze()`` once the app has started** (``after_startup()``): what start-up built and keeps for the whole
+  process (modules, classes, compiled graphs, connection pools) moves to a permanent generation that full
+  collections no longer walk.
+
+Measured (two stacks loaded at once, same code but this setting, 8 clients each, 3 rounds): 3 to 5% less CPU per
+booking across the five services.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+__all__ = ["service_gc"]
+
+
+@contextmanager
+def service_gc(gen0_threshold: int) -> Iterator[Callable[[], None]]:
+    """Raise the young-generation threshold (unless ``0``) until exit; yields ``after_startup`` (freezes once)."""
+    previous = gc.get_threshold()
+    frozen = False
+
+    def after_startup() -> None:
+        nonlocal frozen
+        if not frozen:
+            # collect first: garbage from start-up must not become immortal
+            gc.collect()
+            gc.freeze()
+            frozen = True
+
+    if gen0_threshold > 0:
+        gc.set_threshold(gen0_threshold, *previous[1:])
+    try:
+        yield after_startup
+    finally:
+        gc.set_threshold(*previous)
+        if frozen:
+            gc.unfreeze()
