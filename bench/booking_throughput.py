@@ -19,9 +19,12 @@ unloaded bookings (so a slow minute of a shared machine weighs on both sides of 
   and p50 of ``aput_writes`` of a real node's result. A ``durability="sync"`` step makes both, in that order
   (task writes, then the checkpoint); the database tells how many of each a booking made.
 
-Targets (2-core machine, fault-free providers): ≥ 25 bookings/s with 16 clients; p50 ≤ 2 × (K hops + W checkpoints
-+ B task-write batches, priced from the baselines; the stricter checkpoints-only figure is printed too); every
-service's RSS < 250 MB and flat from the 1,000th to the 5,000th booking.
+Targets (2-core machine, fault-free providers): ≥ 25 bookings/s with 16 clients; the unloaded p50 ≤ 2 × (K hops + W
+checkpoints + B task-write batches, priced from the baselines; the stricter checkpoints-only figure is printed too);
+every service's RSS < 250 MB and flat from the 1,000th to the 5,000th booking. The bound prices one booking's own
+path, so it is checked on bookings made one at a time; the p50 under 16 clients is reported beside it, not judged:
+a closed loop of N clients waits about N / throughput in queues (Little's law), and 16 clients within the bound
+would take about 250 bookings/s, less CPU per booking than its eight bare hops cost.
 Prints a markdown table and writes ``bench/results/booking_throughput.json``. Exit status 1 when a target fails.
 """
 
@@ -727,16 +730,28 @@ def evaluate(options: Options, result: dict[str, Any]) -> tuple[list[Target], di
             unavoidable_checkpoints_only_ms=checkpoints_only,
             unloaded_p50_over_checkpoints_only=unloaded["latency_ms"]["p50"] / checkpoints_only,
         )
-        for label, summary in ((f"{options.clients} clients", loaded), ("1 client (unloaded)", unloaded)):
-            p50 = summary["latency_ms"]["p50"]
-            targets.append(
-                Target(
-                    f"p50 latency to confirmed, {label}",
-                    f"{p50:.1f} ms ({p50 / unavoidable:.2f}× parts)",
-                    f"≤ {bound:.1f} ms (2 × {k}·{hop_ms:.2f} + {w}·{aput_ms:.2f} + {b}·{writes_ms:.2f})",
-                    p50 <= bound,
-                )
+        p50 = unloaded["latency_ms"]["p50"]
+        targets.append(
+            Target(
+                "p50 latency to confirmed, 1 client (unloaded)",
+                f"{p50:.1f} ms ({p50 / unavoidable:.2f}× parts)",
+                f"≤ {bound:.1f} ms (2 × {k}·{hop_ms:.2f} + {w}·{aput_ms:.2f} + {b}·{writes_ms:.2f})",
+                p50 <= bound,
             )
+        )
+        # Reported, not judged: the bound prices one booking's own path. With N closed-loop clients the p50 is
+        # about N / throughput whatever the stack does (Little's law), so under 16 clients this bound would need
+        # 16 / bound ≈ 250 bookings/s, about 8 ms of CPU per booking on two cores: less than its eight hops alone.
+        p50_loaded = loaded["latency_ms"]["p50"]
+        queueing_ms = 1000 * options.clients / loaded["bookings_per_s"] if loaded["bookings_per_s"] else float("nan")
+        targets.append(
+            Target(
+                f"p50 latency to confirmed, {options.clients} clients",
+                f"{p50_loaded:.1f} ms ({p50_loaded / unavoidable:.2f}× parts)",
+                f"reported: {options.clients} clients / throughput = {queueing_ms:.0f} ms (Little's law)",
+                None,
+            )
+        )
     rss = result.get("rss_kib", {})
     for service in rss.get("end", {}):
         peak_mb = max(sample[service] for sample in rss.values()) / 1024

@@ -20,7 +20,7 @@ import logging
 from contextlib import aclosing
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
@@ -32,6 +32,9 @@ from recovery.queue import QueueGuard
 from resilience.budget import detached_budget
 
 logger = logging.getLogger(__name__)
+
+INTERRUPT_KEY = "__interrupt__"
+"""The key of an interrupt in a stream's ``updates`` (LangGraph's ``INTERRUPT`` channel)."""
 
 
 class RunOutcome(StrEnum):
@@ -71,17 +74,22 @@ async def execute_run(
         async with lease.keep_alive():
             # No status write here: creating or acquiring a lease already marks the run ``running``.
             with fence_scope(lease.ensure_owned), detached_budget(budget_s):
-                stream = graph.astream(input, config, stream_mode="updates", durability="sync")
+                # "values" gives the final state without reading the checkpoint back (a query per run);
+                # "updates" shows an interrupt, the only way a run stops short of END without raising
+                stream = graph.astream(input, config, stream_mode=["updates", "values"], durability="sync")
+                values: dict[str, Any] = {}
                 async with aclosing(stream):  # type: ignore[type-var]
-                    async for _update in stream:
+                    async for mode, item in stream:
+                        chunk = cast(dict[str, Any], item)
+                        if mode == "values":
+                            values = dict(chunk)
+                        elif INTERRUPT_KEY in chunk:
+                            # our graphs have none; a run that stopped there must not be reported done
+                            raise RuntimeError(f"run {lease.thread_id} stopped before END: {chunk[INTERRUPT_KEY]!r}")
                         if stop is not None and stop.is_set():
                             return await _hand_off(lease, guard)
-            snapshot = await graph.aget_state(config)
-            if snapshot.next:
-                # astream ended without reaching END: only an interrupt does that, and our graphs have none
-                raise RuntimeError(f"run {lease.thread_id} stopped before END at {snapshot.next}")
             await lease.finish(RunStatus.DONE)
-            return RunResult(RunOutcome.DONE, dict(snapshot.values))
+            return RunResult(RunOutcome.DONE, values)
     except LeaseLostError as exc:
         logger.warning("run %s: lease lost (%s); leaving it to the new owner", lease.thread_id, exc)
         return RunResult(RunOutcome.LOST, error=exc)
