@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     # and a write per request, eight requests per booking)
     access_log: bool = Field(False, validation_alias="CONCIERGE_ACCESS_LOG")
     # young-generation threshold of the garbage collector (infra/gc_tuning.py); 0 keeps CPython's default
-    gc_gen0_threshold: int = Field(50_000, validation_alias="CONCIERGE_GC_GEN0_THRESHOLD", ge=0)
+    gc_gen0_threshold: int = Field(20_000, validation_alias="CONCIERGE_GC_GEN0_THRESHOLD", ge=0)
 
     # timeout budget
     default_budget_s: float = Field(30.0, validation_alias="CONCIERGE_DEFAULT_BUDGET_S", gt=0)
