@@ -23,7 +23,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.graph import END, START, StateGraph
 
 from infra.checkpointer import open_checkpointer
-from infra.pooled_saver import MAX_ROWS_PER_STATEMENT, PooledPostgresSaver, multi_row
+from infra.pooled_saver import PooledPostgresSaver, multi_row
 
 STARTERS = 4
 ERROR, INTERRUPT = "__error__", "__interrupt__"  # channels WRITES_IDX_MAP gives fixed indexes
@@ -236,8 +236,11 @@ SCENARIOS: dict[str, list[Call]] = {
     "the same checkpoint twice (upsert)": [_checkpoint(2), _checkpoint(2)],
     # what one statement cannot say the same way: the executemany path
     "two writes to one key in one call (the last one wins)": [_writes((ERROR, "first"), (ERROR, "second"))],
-    f"more than {MAX_ROWS_PER_STATEMENT} writes": [_writes(*((f"c{i}", i) for i in range(MAX_ROWS_PER_STATEMENT + 5)))],
-    f"more than {MAX_ROWS_PER_STATEMENT} blobs": [_checkpoint(MAX_ROWS_PER_STATEMENT + 5)],
+    "five writes, the most one statement takes": [_writes(*((f"c{i}", i) for i in range(5)))],
+    "six writes (one statement would be re-parsed every time)": [_writes(*((f"c{i}", i) for i in range(6)))],
+    "seven blobs, the most one statement takes": [_checkpoint(7)],
+    "eight blobs": [_checkpoint(8)],
+    "forty blobs": [_checkpoint(40)],
 }
 
 
