@@ -9,8 +9,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 from redis.asyncio import Redis
 
-from recovery.leases import RunStatus, RunStore
-from recovery.runner import RunOutcome, execute_run
+from recovery.leases import RunRecord, RunStatus, RunStore
+from recovery.runner import RunOutcome, RunResult, execute_run
 
 
 class State(TypedDict, total=False):
@@ -38,39 +38,32 @@ def graph(*, stop_at_b: bool = False, fail_at_b: bool = False) -> Any:
     return builder.compile(checkpointer=InMemorySaver())
 
 
-async def test_a_finished_run_reports_its_final_state_and_is_marked_done(redis: Redis) -> None:
+async def run(redis: Redis, thread_id: str, compiled: Any) -> tuple[RunResult, RunRecord]:
+    """Create the run and its lease, execute it, and read the run record back."""
     store = RunStore(redis, ttl=5)
-    lease = await store.create("run-done", "test", {"order": "o-1"}, "me")
+    lease = await store.create(thread_id, "test", {"order": thread_id}, "me")
     assert lease is not None
+    result = await execute_run(compiled, lease, {"order": thread_id}, budget_s=10)
+    record = await store.get(thread_id)
+    assert record is not None
+    return result, record
 
-    result = await execute_run(graph(), lease, {"order": "o-1"}, budget_s=10)
 
+async def test_a_finished_run_reports_its_final_state_and_is_marked_done(redis: Redis) -> None:
+    result, record = await run(redis, "run-done", graph())
     assert result.outcome is RunOutcome.DONE
-    assert result.values == {"order": "o-1", "trail": ["a", "b"]}
-    record = await store.get("run-done")
-    assert record is not None and record.status is RunStatus.DONE
+    assert result.values == {"order": "run-done", "trail": ["a", "b"]}
+    assert record.status is RunStatus.DONE
 
 
 async def test_a_run_that_stops_short_of_the_end_is_not_reported_done(redis: Redis) -> None:
-    store = RunStore(redis, ttl=5)
-    lease = await store.create("run-interrupted", "test", {"order": "o-2"}, "me")
-    assert lease is not None
-
-    result = await execute_run(graph(stop_at_b=True), lease, {"order": "o-2"}, budget_s=10)
-
+    result, record = await run(redis, "run-interrupted", graph(stop_at_b=True))
     assert result.outcome is RunOutcome.FAILED
     assert "stopped before END" in str(result.error)
-    record = await store.get("run-interrupted")
-    assert record is not None and record.status is RunStatus.PENDING and record.owner is None
+    assert record.status is RunStatus.PENDING and record.owner is None
 
 
 async def test_a_failing_run_releases_its_lease_with_the_error(redis: Redis) -> None:
-    store = RunStore(redis, ttl=5)
-    lease = await store.create("run-failed", "test", {"order": "o-3"}, "me")
-    assert lease is not None
-
-    result = await execute_run(graph(fail_at_b=True), lease, {"order": "o-3"}, budget_s=10)
-
+    result, record = await run(redis, "run-failed", graph(fail_at_b=True))
     assert result.outcome is RunOutcome.FAILED
-    record = await store.get("run-failed")
-    assert record is not None and record.owner is None and "b is broken" in (record.last_error or "")
+    assert record.owner is None and "b is broken" in (record.last_error or "")
