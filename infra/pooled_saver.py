@@ -25,9 +25,10 @@ the booking's critical path, ten times per booking. The base class spends it twi
 Measured by ``bench/checkpoint_saver.py`` (a five-node graph, ``durability="sync"``, one run at a time, both
 classes interleaved on the same pool) and, on whole bookings, by ``bench/booking_throughput.py``.
 
-``aput`` and ``aput_writes`` mirror langgraph-checkpoint-postgres 3.2 statement for statement, only without the
-thread; ``tests/integration/test_checkpointer.py`` writes the same steps through both classes and compares the
-rows, so a release that changes the base class's storage fails there, not in production.
+``aput`` and ``aput_writes`` mirror langgraph-checkpoint-postgres 3.2: the same serialisation and the base class's
+own SQL (only its ``VALUES`` row repeated); ``tests/integration/test_checkpointer.py`` writes the same steps and the
+same calls through both classes and compares the rows, so a release that changes the base class's storage fails
+there, not in production.
 """
 
 from __future__ import annotations
