@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,10 +116,13 @@ def _delete_prefixed_keys(redis_url: str, prefix: str) -> None:
 
 
 @contextlib.contextmanager
-def service_stack(*, redis_url: str, admin_database_url: str = TEST_DATABASE_URL) -> Iterator[Stack]:
+def service_stack(
+    *, redis_url: str, admin_database_url: str = TEST_DATABASE_URL, env: Mapping[str, str] | None = None
+) -> Iterator[Stack]:
     """The five services started on a fresh ``concierge_bench_*`` database and a ``bench-*`` key prefix.
 
-    No span files: their synchronous export would be part of every number measured.
+    No span files: their synchronous export would be part of every number measured. ``env`` is added to the
+    services' environment.
     """
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
     # unwound in reverse: processes killed, then the database dropped, the keys deleted, the logs removed
@@ -128,7 +131,7 @@ def service_stack(*, redis_url: str, admin_database_url: str = TEST_DATABASE_URL
         cleanup.callback(_delete_prefixed_keys, redis_url, prefix)
         database = cleanup.enter_context(fresh_database(admin_database_url, name_prefix="concierge_bench"))
         stack = cleanup.enter_context(
-            Stack(workdir, redis_url, database_url=database, key_prefix=prefix, span_files=False)
+            Stack(workdir, redis_url, database_url=database, key_prefix=prefix, span_files=False, env=env)
         )
         # dependencies first: an agent's readiness does not probe its peers, but its first request will
         yield stack.start(CORE)

@@ -14,10 +14,10 @@ puts both back when the service stops:
   process (modules, classes, compiled graphs, connection pools) moves to a permanent generation that full
   collections no longer walk.
 
-Measured (two stacks loaded at once, same code, one with CPython's default; 8 clients each, 6 rounds of 30 s):
-56.3 → 54.0 ms of CPU per booking across the five services (median; lower in every round), resident memory
-levelling off after about 1,500 bookings, 3 to 4 MB above the default's in the agents. 50,000 saved a little more
-CPU (−5%) but took longer to level off and settled about 8 MB higher.
+Measured with ``bench/ab_stacks.py`` (two stacks loaded at once, one with CPython's default; 8 clients each): 2 to
+4% less CPU per booking across the five services (−1.9% median over 5 rounds of 30 s, lower in every round; −4.0%
+over 6 rounds in an earlier run), resident memory levelling off after about 1,500 bookings, 3 to 4 MB above the
+default's in the agents. 50,000 saved a little more CPU but took longer to level off and settled about 8 MB higher.
 """
 
 from __future__ import annotations
