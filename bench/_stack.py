@@ -16,7 +16,9 @@ are as small as a FastAPI app gets, so a request to the front costs the framewor
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -45,11 +47,13 @@ __all__ = [
     "hop_backend_app",
     "hop_front_app",
     "hop_pair",
+    "machine",
     "machine_cpu_seconds",
     "percentiles",
     "rss_kib",
     "service_stack",
     "uvicorn_command",
+    "write_results",
 ]
 
 HOP_TARGET_ENV = "BENCH_HOP_TARGET"
@@ -98,6 +102,23 @@ def machine_cpu_seconds() -> tuple[float, float]:
     total = sum(values[:8])  # guest time is already counted in user
     tick = os.sysconf("SC_CLK_TCK")
     return (total - idle) / tick, total / tick
+
+
+def machine() -> dict[str, Any]:
+    """What a result file says about where it was measured."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg": os.getloadavg(),
+    }
+
+
+def write_results(path: Path, result: Mapping[str, Any]) -> None:
+    """``result`` as indented JSON at ``path`` (folders created), and a line saying where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwrote {path}")
 
 
 def _delete_prefixed_keys(redis_url: str, prefix: str) -> None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import secrets
 import sys
 import tempfile
@@ -30,7 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stack import cpu_seconds, percentiles, uvicorn_command
+from _stack import cpu_seconds, machine, percentiles, uvicorn_command, write_results
 
 from tests.procs import Processes, free_port
 
@@ -124,16 +122,14 @@ def main() -> int:
         pids = {name: proc.pid for name, proc in started.items()}
         cases = asyncio.run(measure(options.samples, options.rounds, urls, pids))
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
+        "machine": machine(),
         "samples": options.samples - options.samples % options.rounds,
         "rounds": options.rounds,
         "payload": PAYLOAD,
         "cases": cases,
     }
     ok = report(result)
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {options.output}")
+    write_results(options.output, result)
     return 0 if ok else 1
 
 

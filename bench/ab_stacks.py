@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _stack import cpu_seconds, rss_kib, service_stack
+from _stack import cpu_seconds, machine, rss_kib, service_stack, write_results
 from booking_throughput import BookingFactory, StopRule, new_event_loop, run_load
 
 from tests.stack import CORE, TEST_DATABASE_URL, Stack
@@ -162,22 +161,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(errors.values()):
         print(f"errors (bookings not finished): A {errors['A']}, B {errors['B']}")
 
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(
-        json.dumps(
-            {
-                "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(options).items()},
-                "env": envs,
-                "rounds": rounds,
-                "median_cpu_ms_per_booking": medians,
-                "b_lower_every_round": lower_every_round,
-            },
-            indent=2,
-        )
-        + "\n",
-        encoding="utf-8",
+    write_results(
+        options.output,
+        {
+            "machine": machine(),
+            "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(options).items()},
+            "env": envs,
+            "rounds": rounds,
+            "median_cpu_ms_per_booking": medians,
+            "b_lower_every_round": lower_every_round,
+        },
     )
-    print(f"\nwrote {options.output}")
     return 0
 
 

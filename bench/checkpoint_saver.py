@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
-import os
-import platform
 import sys
 import time
 import uuid
@@ -27,7 +24,7 @@ from typing import Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _stack import percentiles
+from _stack import machine, percentiles, write_results
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.graph import END, START, StateGraph
@@ -122,13 +119,11 @@ def main() -> int:
         f"CPU {ours['cpu_mean_ms'] / base['cpu_mean_ms']:.2f}×\n- [{'x' if ok else ' '}] cheaper in wall time and CPU"
     )
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
+        "machine": machine(),
         "nodes": list(NODES),
         "cases": cases,
     }
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {options.output}")
+    write_results(options.output, result)
     return 0 if ok else 1
 
 
