@@ -520,13 +520,9 @@ def create_service_app(
         logger.info("%s starting (instance %s)", service_name, app.state.service.instance_id)
         try:
             with service_gc(settings.gc_gen0_threshold) as after_startup:
-                if lifespan is None:
+                async with contextlib.nullcontext() if lifespan is None else lifespan(app):
                     after_startup()
                     yield
-                else:
-                    async with lifespan(app):
-                        after_startup()
-                        yield
         finally:
             try:
                 await redis.aclose()
