@@ -4,7 +4,7 @@ in a shared Redis, a bare FastAPI→FastAPI pair as a baseline, and CPU/memory r
     with service_stack(redis_url=..., admin_database_url=...) as stack:   # a started tests.stack.Stack
         stack.url("booking-agent"); stack.env["DATABASE_URL"]; stack.services["hotel-api"].pid
     with hop_pair() as hop:                                               # GET {hop.front}/hop makes one hop
-        ...
+        ...                                                               # and answers how long it took
 
 Leaving either block kills every process it started (SIGKILL to the process group), and ``service_stack`` also
 drops the database, deletes the Redis keys under the prefix and removes the log directory.
@@ -22,6 +22,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -179,7 +180,12 @@ def hop_backend_app() -> FastAPI:
 
 
 def hop_front_app() -> FastAPI:
-    """``GET /hop`` calls the backend (``$BENCH_HOP_TARGET``) once over a pooled httpx client."""
+    """``GET /hop`` calls the backend (``$BENCH_HOP_TARGET``) once over a pooled httpx client.
+
+    It answers ``{"pong": true, "hop_s": ...}``: the call timed where a service times its own calls, from sending
+    the request to holding the decoded answer. That is one FastAPI→FastAPI hop; the caller's request to the front
+    is another leg, a client's, which the caller prices separately (``GET {backend}/pong``).
+    """
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI
@@ -200,9 +206,11 @@ def hop_front_app() -> FastAPI:
 
     @app.get("/hop")
     async def hop() -> Any:
+        start = time.perf_counter()
         response = await app.state.client.get("/pong")
         response.raise_for_status()
-        return response.json()
+        answer = response.json()
+        return {**answer, "hop_s": time.perf_counter() - start}
 
     return app
 
@@ -262,7 +270,7 @@ def a2a_sdk_app() -> FastAPI:
 @dataclass(frozen=True)
 class HopPair:
     front: str
-    """``GET {front}/hop`` makes one hop to the backend."""
+    """``GET {front}/hop`` makes one hop to the backend and answers its duration (``hop_s``)."""
     backend: str
     """``GET {backend}/pong`` answers directly (no hop)."""
     pids: tuple[int, int]
