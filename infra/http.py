@@ -4,17 +4,59 @@ Every request leaving a service carries what the callee needs to behave well:
 
 - ``X-Timeout-Budget``: the remaining budget minus a safety margin (``BudgetExhaustedError`` before sending when
   too little is left), and the same figure as the request's timeout, so we never wait longer than our caller;
-- ``traceparent``/``tracestate``: the current OpenTelemetry context (W3C);
+- ``traceparent``/``tracestate``: the W3C context of a CLIENT span around the request (``TracedTransport``);
 - ``Authorization: Bearer <CONCIERGE_SERVICE_TOKEN>``: only to our own agents (``with_token=True``).
+
+Why our own client span instead of ``opentelemetry-instrumentation-httpx``: that instrumentation cost 0.9 ms of
+CPU per request on a 2-core test machine, ~40% on top of httpx itself and more than the callee's whole FastAPI
+handling of a small request; six such requests sit on a booking's critical path. ``TracedTransport`` records the
+same span (name = method, kind CLIENT, method, URL, server address/port, status code, error type) for ~0.1 ms.
 """
 
 from __future__ import annotations
 
 import httpx
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, StatusCode
 
 from infra.settings import get_settings
 from resilience.budget import BUDGET_HEADER, outgoing_budget_seconds
+
+_tracer = trace.get_tracer(__name__)
+
+
+class TracedTransport(httpx.AsyncBaseTransport):
+    """Wraps a transport: one CLIENT span per request sent (a retry is a new span), its context in the headers."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        attributes: dict[str, str | int] = {
+            "http.request.method": request.method,
+            "url.full": str(url.copy_with(query=None)),  # query strings may carry what a trace should not keep
+            "server.address": url.host,
+        }
+        if url.port is not None:
+            attributes["server.port"] = url.port
+        with _tracer.start_as_current_span(request.method, kind=SpanKind.CLIENT, attributes=attributes) as span:
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)  # the callee's server span becomes a child of this one
+            request.headers.update(carrier)
+            try:
+                response = await self._inner.handle_async_request(request)
+            except BaseException as exc:
+                span.set_attribute("error.type", type(exc).__qualname__)
+                raise  # the span records the exception and an ERROR status on the way out
+            span.set_attribute("http.response.status_code", response.status_code)
+            if response.status_code >= 400:
+                span.set_attribute("error.type", str(response.status_code))
+                span.set_status(StatusCode.ERROR)
+            return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 def _make_hook(token: str | None) -> object:
@@ -22,9 +64,6 @@ def _make_hook(token: str | None) -> object:
         seconds = outgoing_budget_seconds()
         request.headers[BUDGET_HEADER] = f"{seconds:.3f}"
         request.extensions["timeout"] = httpx.Timeout(seconds).as_dict()
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        request.headers.update(carrier)
         if token is not None:
             request.headers["Authorization"] = f"Bearer {token}"
 
@@ -38,11 +77,15 @@ def create_http_client(
     max_connections: int = 100,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
-    """A pooled client for one peer. The caller owns it (``await client.aclose()``)."""
+    """A pooled client for one peer. The caller owns it (``await client.aclose()``).
+
+    ``transport`` replaces the network (tests pass ``httpx.ASGITransport`` or ``httpx.MockTransport``); it is
+    traced like the default one.
+    """
     token = get_settings().service_token if with_token else None
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return httpx.AsyncClient(
         base_url=base_url,
         event_hooks={"request": [_make_hook(token)]},  # type: ignore[list-item]
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        transport=transport,
+        transport=TracedTransport(transport or httpx.AsyncHTTPTransport(limits=limits)),
     )

@@ -1,0 +1,89 @@
+"""infra.http: what every request between services carries, and the CLIENT span around it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from infra.http import create_http_client
+from infra.settings import get_settings
+from infra.telemetry import configure_telemetry
+from resilience import BUDGET_HEADER, budget_scope
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    configure_telemetry("http-client-test", exporter=exporter)
+    yield exporter
+    exporter.clear()
+
+
+def client_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT]
+
+
+async def test_a_request_carries_budget_token_and_the_context_of_its_own_client_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    tracer = trace.get_tracer("test")
+    async with create_http_client(
+        "http://payment-agent:8002", with_token=True, transport=httpx.MockTransport(answer)
+    ) as http:
+        with tracer.start_as_current_span("node charge") as parent, budget_scope(10):
+            response = await http.get("/charges", params={"reference": "b-1"})
+    assert response.json() == {"ok": True}
+
+    (span,) = client_spans(spans)
+    assert span.name == "GET"
+    assert span.parent is not None and span.parent.span_id == parent.get_span_context().span_id
+    assert dict(span.attributes or {}) == {
+        "http.request.method": "GET",
+        "url.full": "http://payment-agent:8002/charges",  # no query string in the trace
+        "server.address": "payment-agent",
+        "server.port": 8002,
+        "http.response.status_code": 200,
+    }
+    assert span.status.status_code == StatusCode.UNSET
+
+    (request,) = seen
+    context = span.get_span_context()
+    # the callee's server span will be a child of this client span, in the caller's trace
+    assert request.headers["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+    assert 0 < float(request.headers[BUDGET_HEADER]) < 10
+    assert request.headers["Authorization"] == f"Bearer {get_settings().service_token}"
+
+
+async def test_each_attempt_is_its_own_span_and_failures_mark_it(spans: InMemorySpanExporter) -> None:
+    answers = iter([httpx.Response(503, json={"error": "unavailable"}), httpx.ConnectError("refused")])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        reply = next(answers)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async with create_http_client("http://hotel-api", transport=httpx.MockTransport(answer)) as http:
+        assert (await http.post("/reservations", json={})).status_code == 503
+        with pytest.raises(httpx.ConnectError):
+            await http.post("/reservations", json={})
+
+    unavailable, refused = client_spans(spans)
+    assert unavailable.status.status_code == StatusCode.ERROR
+    assert unavailable.attributes is not None and unavailable.attributes["error.type"] == "503"
+    assert refused.status.status_code == StatusCode.ERROR
+    assert refused.attributes is not None and refused.attributes["error.type"] == "ConnectError"
+    assert "http.response.status_code" not in refused.attributes
+    assert [event.name for event in refused.events] == ["exception"]
