@@ -7,10 +7,11 @@ Every request leaving a service carries what the callee needs to behave well:
 - ``traceparent``/``tracestate``: the W3C context of a CLIENT span around the request (``TracedTransport``);
 - ``Authorization: Bearer <CONCIERGE_SERVICE_TOKEN>``: only to our own agents (``with_token=True``).
 
-Why our own client span instead of ``opentelemetry-instrumentation-httpx``: that instrumentation cost 0.9 ms of
-CPU per request on a 2-core test machine, ~40% on top of httpx itself and more than the callee's whole FastAPI
-handling of a small request; six such requests sit on a booking's critical path. ``TracedTransport`` records the
-same span (name = method, kind CLIENT, method, URL, server address/port, status code, error type) for ~0.1 ms.
+Why our own client span instead of ``opentelemetry-instrumentation-httpx``: on a 2-core test machine that
+instrumentation added 0.9 ms of CPU to a 2 ms httpx request, more than the callee's whole FastAPI handling of it,
+and six such requests sit on a booking's critical path. ``TracedTransport`` records the same span (name = method,
+kind CLIENT, method, URL without query, server address/port, status code, error type); a request through this
+client measured 2.41 ms of CPU against 2.76 ms with the instrumentation, everything else equal.
 """
 
 from __future__ import annotations
