@@ -77,10 +77,57 @@ async def test_a_long_poll_sees_a_run_finished_by_another_process(store: Booking
     assert view is not None and view["status"] == "confirmed"
 
 
-async def test_a_long_poll_returns_the_current_state_when_time_runs_out(store: BookingStore) -> None:
+async def test_a_long_poll_returns_the_current_state_when_time_runs_out(store: BookingStore, redis) -> None:
     await store.create("b5", REQUEST)
     view = await store.wait_final("b5", 0.1)
     assert view is not None and view["status"] == "pending"
+
+    # the state as it is when the wait ends, not as it was when it began
+    async def progress_elsewhere() -> None:
+        await asyncio.sleep(0.05)
+        await BookingStore(redis).update("b5", status="paying")
+
+    mover = asyncio.create_task(progress_elsewhere())
+    view = await store.wait_final("b5", 0.4)
+    await mover
+    assert view is not None and view["status"] == "paying"
+
+
+class CountingReads(BookingStore):
+    def __init__(self, redis: Any) -> None:
+        super().__init__(redis)
+        self.reads: list[str] = []
+
+    async def get(self, booking_id: str) -> dict[str, Any] | None:
+        self.reads.append("record")
+        return await super().get(booking_id)
+
+    async def status(self, booking_id: str) -> str | None:
+        self.reads.append("status")
+        return await super().status(booking_id)
+
+
+async def test_a_long_wait_backs_off_and_reads_the_status_only(redis) -> None:
+    store = CountingReads(redis)
+    await store.create("b6", REQUEST)
+    await store.wait_final("b6", 2.0)
+    # every 0.25 s for 2 s would be 8 reads of the whole record; backing off (0.25, 0.5, 1) it is 3 status reads,
+    # plus the record at the start and at the end
+    assert store.reads == ["record", "status", "status", "status", "record"], store.reads
+
+    async def finish_elsewhere() -> None:
+        await asyncio.sleep(1.2)
+        await BookingStore(redis).update("b6", status="confirmed")
+
+    store.reads.clear()
+    finisher = asyncio.create_task(finish_elsewhere())
+    started = time.monotonic()
+    view = await store.wait_final("b6", 10)
+    await finisher
+    assert view is not None and view["status"] == "confirmed"
+    # noticed at the next read (1.75 s), not at the end of the wait
+    assert time.monotonic() - started < 3.0
+    assert store.reads == ["record", "status", "status", "status", "record"], store.reads
 
 
 async def test_a_client_key_binds_one_booking_and_remembers_the_body(store: BookingStore) -> None:
