@@ -10,8 +10,9 @@ trace, from ``POST /bookings`` to the end of its last step, into:
   a server span is the callee's handling of a request (framework, validation, its Redis calls, its logic); a
   client span minus the callee's server span is the leg itself (the caller's HTTP client, the wire, the callee's
   server before and after the app); ``a2a.call`` minus its request is the A2A SDK's client side; ``a2a.skill``
-  minus its graph's nodes is the graph run around them (LangGraph, checkpoint writes); a node's own time is what
-  the node does besides its calls (idempotency claim and record, lease check, resilience layers, progress);
+  minus its graph's nodes is the graph run around them (LangGraph, checkpoint writes where the graph has a
+  checkpointer); a node's own time is what it does besides its calls (for a side-effect node: the idempotency
+  claim and record, the lease check; for every call: the resilience layers; progress reports);
 - the time between the booking run's steps (LangGraph and the checkpoint writes of a ``durability="sync"`` step),
   and from the 202 to the first step (lease, graph start, the first two checkpoints).
 
@@ -169,9 +170,9 @@ def label(span: SpanRecord) -> str:
     if span.kind == SpanProto.SPAN_KIND_CLIENT:
         return "HTTP legs: caller's client, wire and callee's server around the app (client span - server span)"
     if span.name.startswith("a2a.skill"):
-        return f"{span.service}: {span.name} around its graph's nodes (graph start, LangGraph, checkpoints)"
+        return f"{span.service}: {span.name} outside its graph's nodes (dispatch, graph run, checkpoints if any)"
     if span.name.startswith("node "):
-        return f"{span.service}: {span.name}, own work (idempotency, lease check, resilience layers, progress)"
+        return f"{span.service}: {span.name}, own work besides its calls"
     return f"{span.service}: {span.name}"
 
 
