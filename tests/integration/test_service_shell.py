@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, Field
 
 from infra.service import MAX_BODY_BYTES, create_service_app
@@ -292,9 +293,14 @@ async def test_incoming_trace_context_is_continued(client: httpx.AsyncClient) ->
     configure_telemetry("shell-test", exporter=exporter)
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     await client.get("/budget", headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    await client.get("/health")
+    await client.get("/health/ready")
     spans = [s for s in exporter.get_finished_spans() if "/budget" in s.name]
     assert spans, [s.name for s in exporter.get_finished_spans()]
     assert all(f"{s.context.trace_id:032x}" == trace_id for s in spans)
+    assert all(s.kind == SpanKind.SERVER and s.parent is not None for s in spans)
+    # probes are not traced: they would drown the spans that matter
+    assert not [s.name for s in exporter.get_finished_spans() if "/health" in s.name]
 
 
 async def test_a_running_service_has_the_gc_settings_and_gives_them_back(
