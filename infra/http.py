@@ -27,7 +27,10 @@ _tracer = trace.get_tracer(__name__)
 
 
 class TracedTransport(httpx.AsyncBaseTransport):
-    """Wraps a transport: one CLIENT span per request sent (a retry is a new span), its context in the headers."""
+    """Wraps a transport: one CLIENT span per request sent (a retry is a new span), its context in the headers.
+
+    The span ends when the answer's headers are in; a body the caller streams is read after it.
+    """
 
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self._inner = inner
