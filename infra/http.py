@@ -84,7 +84,9 @@ def create_http_client(
     """A pooled client for one peer. The caller owns it (``await client.aclose()``).
 
     ``transport`` replaces the network (tests pass ``httpx.ASGITransport`` or ``httpx.MockTransport``); it is
-    traced like the default one.
+    traced like the default one. With a transport of its own, httpx ignores ``HTTP(S)_PROXY`` from the
+    environment: calls between services and to the providers never take a detour through a proxy meant for the
+    outside world.
     """
     token = get_settings().service_token if with_token else None
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
