@@ -352,10 +352,15 @@ async def run_load(
 
 
 async def timed_requests(
-    http: httpx.AsyncClient, url: str, samples: int, pids: Sequence[int], warmup: int = 100
+    http: httpx.AsyncClient,
+    url: str,
+    samples: int,
+    pids: Sequence[int],
+    warmup: int = 100,
+    on_answer: Callable[[httpx.Response], None] | None = None,
 ) -> tuple[list[float], float]:
     """Seconds per sequential ``GET url`` (after a warm-up that fills connection pools on both sides), and the
-    CPU milliseconds per request used by ``pids`` together."""
+    CPU milliseconds per request used by ``pids`` together. ``on_answer`` sees each timed answer."""
     for _ in range(warmup):
         (await http.get(url)).raise_for_status()
     times = []
@@ -365,6 +370,8 @@ async def timed_requests(
         response = await http.get(url)
         times.append(time.perf_counter() - start)
         response.raise_for_status()
+        if on_answer is not None:
+            on_answer(response)
     cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu_before) * 1000 / samples
     return times, cpu_ms
 
@@ -385,17 +392,16 @@ class HopSampler:
         self.hop_cpu_s = self.direct_cpu_s = 0.0
 
     async def sample(self, samples: int, warmup: int = 20) -> None:
-        url = f"{self.pair.front}/hop"
-        for _ in range(warmup):
-            (await self.http.get(url)).raise_for_status()
-        cpu_before = sum(cpu_seconds(pid) for pid in self.pair.pids)
-        for _ in range(samples):
-            start = time.perf_counter()
-            response = await self.http.get(url)
-            self.through_front.append(time.perf_counter() - start)
-            response.raise_for_status()
-            self.hop.append(float(response.json()["hop_s"]))
-        self.hop_cpu_s += sum(cpu_seconds(pid) for pid in self.pair.pids) - cpu_before
+        through_front, hop_cpu_ms = await timed_requests(
+            self.http,
+            f"{self.pair.front}/hop",
+            samples,
+            self.pair.pids,
+            warmup,
+            on_answer=lambda answer: self.hop.append(float(answer.json()["hop_s"])),
+        )
+        self.through_front += through_front
+        self.hop_cpu_s += hop_cpu_ms * samples / 1000
         direct, direct_cpu_ms = await timed_requests(
             self.http, f"{self.pair.backend}/pong", samples, self.pair.pids[1:], warmup
         )
