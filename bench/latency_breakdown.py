@@ -180,15 +180,25 @@ RUN_START = "booking-agent: from the 202 to the first step (lease, graph start, 
 BETWEEN_STEPS = "booking-agent: between steps (LangGraph, each step's task writes and checkpoint)"
 
 
-def breakdown(spans: Sequence[SpanRecord], booking_id: str) -> dict[str, float] | None:
+def by_booking(spans: Sequence[SpanRecord]) -> dict[str, list[SpanRecord]]:
+    """Each booking's whole trace (every process), found through its run's node spans (thread id = booking id)."""
+    traces: dict[str, list[SpanRecord]] = defaultdict(list)
+    for span in spans:
+        traces[span.trace_id].append(span)
+    return {
+        span.thread_id: traces[span.trace_id]
+        for span in spans
+        if span.service == "booking-agent" and span.thread_id and span.name.startswith("node ")
+    }
+
+
+def breakdown(trace: Sequence[SpanRecord], booking_id: str) -> dict[str, float] | None:
     """Milliseconds per part for one booking's trace; ``None`` if the trace is incomplete."""
     run = [
-        s for s in spans if s.service == "booking-agent" and s.thread_id == booking_id and s.name.startswith("node ")
+        s for s in trace if s.service == "booking-agent" and s.thread_id == booking_id and s.name.startswith("node ")
     ]
     if not run:
         return None
-    trace_id = run[0].trace_id
-    trace = [s for s in spans if s.trace_id == trace_id]
     roots = [s for s in trace if s.service == "booking-agent" and s.name == "POST /bookings"]
     if len(roots) != 1:
         return None
@@ -247,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(2)  # the last batches (500 ms schedule) reach the receiver before the services are killed
         spans = receiver.spans()
 
-    per_booking = [b for booking_id in ids if (b := breakdown(spans, booking_id)) is not None]
+    traces = by_booking(spans)
+    per_booking = [b for i in ids if i in traces and (b := breakdown(traces[i], i)) is not None]
     if not per_booking:
         print(f"no complete trace among {len(ids)} bookings ({len(spans)} spans received)", file=sys.stderr)
         return 1
