@@ -39,7 +39,8 @@ class TracedTransport(httpx.AsyncBaseTransport):
         url = request.url
         attributes: dict[str, str | int] = {
             "http.request.method": request.method,
-            "url.full": str(url.copy_with(query=None)),  # query strings may carry what a trace should not keep
+            # no credentials, no query string: they may carry what a trace should not keep
+            "url.full": f"{url.scheme}://{url.netloc.decode('ascii')}{url.raw_path.partition(b'?')[0].decode('ascii')}",
             "server.address": url.host,
         }
         if url.port is not None:
