@@ -199,8 +199,10 @@ class BookingStore:
                     return dict(final)
                 interval = min(interval * 2, FALLBACK_POLL_MAX_S)
                 # the status first: the whole record only once it is final, gone, or the wait is over
-                if time.monotonic() < deadline and (await self.status(booking_id)) not in {None, *FINAL_STATUSES}:
-                    continue
+                if time.monotonic() < deadline:
+                    status = await self.status(booking_id)
+                    if status is not None and status not in FINAL_STATUSES:
+                        continue
                 booking = await self.get(booking_id)
             return booking
         finally:
