@@ -1,0 +1,316 @@
+"""What each layer around the saga costs one booking: this checkout against copies with one layer taken out.
+
+Run: ``python bench/layer_costs.py [--bookings 400] [--variants tracing,fence,...]``. For each variant the bench
+copies this checkout's tracked files to a temporary directory, applies the variant's edits there (each edit must
+match the source exactly once, or the bench stops and names it), and starts two stacks side by side: the baseline
+(this checkout) and the variant (the copy first on the services' ``PYTHONPATH``, as ``ab_stacks.py`` does). One
+client then books on both in turn, a block of bookings at a time (baseline, variant, variant, baseline, ...), so a
+slower minute slows both; the difference between neighbouring blocks is the layer's price on a booking's latency. The copies, stacks, databases and keys are removed
+at the end.
+
+The variants are diagnostics, not options: every layer removed here is one the issues require (tracing, the lease
+fence before a side effect, faults read from Redis on every provider request, progress statuses, the idempotency
+records of side-effect nodes) or a choice with a reason (the ``values`` stream gives the final state without
+reading the checkpoint back). No setting turns any of them off; the bench edits a throwaway copy.
+
+It also prices the booking's unavoidable parts in the same run, as ``booking_throughput.py`` does (six bare
+FastAPI→FastAPI hops, two direct client requests, the checkpoint writes the database shows), so each row says how
+many times the parts the booking takes with that layer gone: the question is whether the issue's bound (2×) is
+reachable by removing any of them, or all of them at once (``all``).
+
+Prints a markdown table and writes ``bench/results/layer_costs.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _stack import cpu_seconds, hop_pair, machine, service_stack, write_results
+from booking_throughput import (
+    CLIENT_REQUEST,
+    HOPS,
+    SERVICE_HOP,
+    TARGET_LATENCY_FACTOR,
+    BookingFactory,
+    CheckpointSampler,
+    HopSampler,
+    checkpoints_written,
+    new_event_loop,
+)
+
+from tests.stack import Stack
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "layer_costs.json"
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    removes: str
+    edits: tuple[Edit, ...]
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        "tracing",
+        "every span (sampler ALWAYS_OFF: spans are created but not recorded; context still propagated)",
+        (
+            Edit(
+                "infra/telemetry.py",
+                '    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))\n',
+                "    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF\n\n"
+                "    provider = TracerProvider(\n"
+                '        resource=Resource.create({"service.name": service_name}), sampler=ALWAYS_OFF\n'
+                "    )\n",
+            ),
+        ),
+    ),
+    Variant(
+        "fence",
+        "the lease check before each side effect (one Redis round trip per side-effect node in booking-agent)",
+        (Edit("graph/nodes.py", "                check = _fence.get()\n", "                check = None\n"),),
+    ),
+    Variant(
+        "fault-reads",
+        "the providers' read of their faults on every request (one Redis round trip each)",
+        (
+            Edit(
+                "infra/providers/faults.py",
+                "        faults = await load_faults(request.app.state.redis, self.provider)\n",
+                "        faults = NO_FAULTS\n",
+            ),
+        ),
+    ),
+    Variant(
+        "progress",
+        "the statuses between pending and the outcome (searching, reserving, paying, confirming)",
+        (Edit("graph/booking.py", '        store.report(state["booking_id"], status)\n', "        return None\n"),),
+    ),
+    Variant(
+        "idempotency-records",
+        "the claim and the stored result of each side-effect node (two Redis round trips per node)",
+        (
+            Edit(
+                "graph/nodes.py",
+                "        stored, waited = await self._claim_or_wait(client, scripts, record, token, "
+                "max(1, math.ceil(lease_s * 1000)))\n",
+                "        stored, waited = None, False\n",
+            ),
+            Edit(
+                "graph/nodes.py",
+                "        return await self._complete(client, scripts, record, token, payload, ttl_s, span)\n",
+                "        return json.loads(payload)\n",
+            ),
+        ),
+    ),
+    Variant(
+        "values-stream",
+        "the runner's `values` stream (the final state it hands back)",
+        (Edit("recovery/runner.py", 'stream_mode=["updates", "values"]', 'stream_mode=["updates"]'),),
+    ),
+)
+ALL = "all"
+
+
+def variant_edits(name: str) -> tuple[Edit, ...]:
+    if name == ALL:
+        return tuple(edit for variant in VARIANTS for edit in variant.edits)
+    return next(v.edits for v in VARIANTS if v.name == name)
+
+
+def make_tree(dest: Path, edits: Sequence[Edit]) -> None:
+    """This checkout's tracked files at ``dest`` (as in the working tree), with ``edits`` applied."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    for edit in edits:
+        path = dest / edit.path
+        text = path.read_text()
+        if text.count(edit.old) != 1:
+            raise SystemExit(
+                f"{edit.path}: the text this variant replaces is found {text.count(edit.old)} times, not once; "
+                f"update bench/layer_costs.py to the code:\n{edit.old}"
+            )
+        path.write_text(text.replace(edit.old, edit.new))
+
+
+async def book(http: httpx.AsyncClient, stack: Stack, booking: dict[str, Any]) -> tuple[str, float]:
+    base = stack.url("booking-agent")
+    start = time.perf_counter()
+    accepted = await http.post(f"{base}/bookings", json=booking)
+    accepted.raise_for_status()
+    booking_id = accepted.json()["booking_id"]
+    answer = await http.get(f"{base}/bookings/{booking_id}", params={"wait": 30})
+    elapsed = time.perf_counter() - start
+    status = answer.json().get("status")
+    if status != "confirmed":
+        raise RuntimeError(f"booking {booking_id} ended {status!r}: {answer.text[:300]}")
+    return booking_id, elapsed
+
+
+async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, seed: int) -> dict[str, Any]:
+    """Bookings one at a time, in blocks of ``block`` on each stack in turn; latency and service CPU per booking.
+
+    Blocks, not single bookings in turn: a booking right after one on the other stack runs with caches the other
+    five processes filled, which adds milliseconds to both sides and blurs the figure each row compares with the
+    bound. A block's first booking is not timed for the same reason.
+    """
+    factory = BookingFactory(seed)
+    stacks = (baseline, variant)
+    async with httpx.AsyncClient(timeout=60) as http:
+        for _ in range(50):  # warm-up: pools, caches, the first checkpoints of each service
+            for stack in stacks:
+                await book(http, stack, factory())
+        cpu_s = [0.0, 0.0]
+        times: tuple[list[float], list[float]] = ([], [])
+        block_p50: tuple[list[float], list[float]] = ([], [])
+        ids: list[str] = []
+        for i in range(max(1, bookings // block)):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                stack = stacks[side]
+                await book(http, stack, factory())  # untimed: refills the caches the other stack used
+                cpu_before = sum(cpu_seconds(p.pid) for p in stack.services.values())
+                timed = [await book(http, stack, factory()) for _ in range(block)]
+                cpu_s[side] += sum(cpu_seconds(p.pid) for p in stack.services.values()) - cpu_before
+                times[side].extend(elapsed for _, elapsed in timed)
+                block_p50[side].append(statistics.median(elapsed for _, elapsed in timed))
+                if side == 0:
+                    ids.extend(booking_id for booking_id, _ in timed)
+    diffs = [v - b for b, v in zip(*block_p50, strict=True)]
+    return {
+        "baseline_p50_ms": statistics.median(times[0]) * 1000,
+        "variant_p50_ms": statistics.median(times[1]) * 1000,
+        "paired_diff_p50_ms": statistics.median(diffs) * 1000,
+        "baseline_cpu_ms": cpu_s[0] * 1000 / len(times[0]),
+        "variant_cpu_ms": cpu_s[1] * 1000 / len(times[1]),
+        "blocks": len(diffs),
+        "baseline_booking_ids": ids[:20],
+    }
+
+
+async def price_parts(baseline: Stack, booking_ids: Sequence[str]) -> dict[str, Any]:
+    """The booking's unavoidable parts, priced as ``booking_throughput.py`` prices them."""
+    database = baseline.env["DATABASE_URL"]
+    written = await checkpoints_written(database, booking_ids)
+    hops = sum(1 for kind, _ in HOPS if kind == SERVICE_HOP)
+    requests = sum(1 for kind, _ in HOPS if kind == CLIENT_REQUEST)
+    with hop_pair() as pair:
+        async with httpx.AsyncClient(timeout=30) as http:
+            sampler = HopSampler(pair, http)
+            for _ in range(5):
+                await sampler.sample(200)
+    writes = CheckpointSampler(database, booking_ids[0])
+    async with writes.opened():
+        await writes.sample(500)
+    hop_ms = statistics.median(sampler.hop) * 1000
+    direct_ms = statistics.median(sampler.direct) * 1000
+    aput_ms = statistics.median(writes.times) * 1000
+    batch_ms = statistics.median(writes.write_times) * 1000
+    w, b = int(written["checkpoints"]), int(written["write_batches"])
+    return {
+        "hop_p50_ms": hop_ms,
+        "direct_request_p50_ms": direct_ms,
+        "aput_p50_ms": aput_ms,
+        "aput_writes_p50_ms": batch_ms,
+        "checkpoints": w,
+        "write_batches": b,
+        "unavoidable_ms": hops * hop_ms + requests * direct_ms + w * aput_ms + b * batch_ms,
+        "formula": f"{hops}·hop + {requests}·direct + {w}·aput + {b}·aput_writes",
+    }
+
+
+def report(rows: list[dict[str, Any]], parts: dict[str, Any]) -> None:
+    unavoidable = parts["unavoidable_ms"]
+    print(
+        f"# what each layer costs one booking: {rows[0]['bookings']} bookings per side, one at a time, "
+        "in blocks taking turns\n"
+    )
+    print(
+        f"unavoidable parts = {parts['formula']} = {unavoidable:.1f} ms "
+        f"(hop {parts['hop_p50_ms']:.2f}, direct {parts['direct_request_p50_ms']:.2f}, "
+        f"aput {parts['aput_p50_ms']:.2f}, aput_writes {parts['aput_writes_p50_ms']:.2f}); "
+        f"bound = {TARGET_LATENCY_FACTOR:g} × that = {TARGET_LATENCY_FACTOR * unavoidable:.1f} ms\n"
+    )
+    print("| without | baseline p50 ms | variant p50 ms | paired Δ ms | variant × parts | Δ service CPU ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['variant']} | {row['baseline_p50_ms']:.1f} | {row['variant_p50_ms']:.1f} | "
+            f"{row['paired_diff_p50_ms']:+.2f} | {row['variant_p50_ms'] / unavoidable:.2f}× | "
+            f"{row['variant_cpu_ms'] - row['baseline_cpu_ms']:+.2f} |"
+        )
+    print()
+    for variant in VARIANTS:
+        print(f"- {variant.name}: {variant.removes}")
+    print(f"- {ALL}: every layer above at once")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    names = [v.name for v in VARIANTS] + [ALL]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bookings", type=int, default=400, help="bookings per side and variant (default 400)")
+    parser.add_argument("--variants", default=",".join(names), help=f"comma-separated, of {', '.join(names)}")
+    parser.add_argument("--block", type=int, default=25, help="bookings per stack before switching (default 25)")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(args.variants) - set(names))
+    if unknown or not args.variants:
+        parser.error(f"--variants: unknown {unknown}; choose from {names}")
+    if args.block < 1 or args.bookings < 2 * args.block:
+        parser.error("--bookings must be at least two --block's worth, and --block at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    loop = new_event_loop()
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as cleanup:
+        baseline = cleanup.enter_context(service_stack(redis_url=args.redis_url))
+        for name in args.variants:
+            tree = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"concierge-{name}-")))
+            make_tree(tree, variant_edits(name))
+            print(f"[layer_costs] {name}: starting its stack", file=sys.stderr, flush=True)
+            with service_stack(redis_url=args.redis_url, env={"PYTHONPATH": str(tree)}) as variant:
+                result = loop.run_until_complete(compare(baseline, variant, args.bookings, args.block, args.seed))
+            rows.append({"variant": name, "bookings": args.bookings, **result})
+            print(f"[layer_costs] {name}: {result['paired_diff_p50_ms']:+.2f} ms", file=sys.stderr, flush=True)
+        parts = loop.run_until_complete(price_parts(baseline, rows[0]["baseline_booking_ids"]))
+    loop.close()
+    report(rows, parts)
+    write_results(args.output, {"machine": machine(), "parts": parts, "variants": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
