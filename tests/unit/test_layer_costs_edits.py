@@ -1,0 +1,46 @@
+"""``bench/layer_costs.py`` edits copies of the code by exact text; nothing runs that bench in CI, so without this
+check a refactor would break it silently until someone needs its numbers. Each variant's edits must still match
+the code exactly once, and applied together (the ``all`` variant) they must leave Python that compiles."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def layer_costs() -> ModuleType:
+    # the bench imports its siblings (_stack, booking_throughput) as top-level modules, as when run as a script
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return importlib.import_module("layer_costs")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def test_every_edit_matches_the_code_exactly_once(layer_costs: ModuleType) -> None:
+    for variant in layer_costs.VARIANTS:
+        for edit in variant.edits:
+            count = (REPO / edit.path).read_text().count(edit.old)
+            assert count == 1, f"variant {variant.name}: {edit.path} holds its text {count} times:\n{edit.old}"
+
+
+def test_all_edits_together_leave_code_that_compiles(layer_costs: ModuleType, tmp_path: Path) -> None:
+    edits = layer_costs.variant_edits(layer_costs.ALL)
+    layer_costs.make_tree(tmp_path, edits)
+    for path in sorted({edit.path for edit in edits}):
+        source = (tmp_path / path).read_text()
+        assert source != (REPO / path).read_text(), f"{path} was not changed"
+        compile(source, path, "exec")
+
+
+def test_an_edit_that_no_longer_matches_stops_the_bench_naming_it(layer_costs: ModuleType, tmp_path: Path) -> None:
+    stale = layer_costs.Edit("graph/nodes.py", "text that is not in the code\n", "")
+    with pytest.raises(SystemExit, match=r"graph/nodes\.py: the text this variant replaces is found 0 times"):
+        layer_costs.make_tree(tmp_path, (stale,))
