@@ -295,18 +295,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     loop = new_event_loop()
     rows: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as cleanup:
-        baseline = cleanup.enter_context(service_stack(redis_url=args.redis_url))
-        for name in args.variants:
-            tree = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"concierge-{name}-")))
-            make_tree(tree, variant_edits(name))
-            print(f"[layer_costs] {name}: starting its stack", file=sys.stderr, flush=True)
-            with service_stack(redis_url=args.redis_url, env={"PYTHONPATH": str(tree)}) as variant:
-                result = loop.run_until_complete(compare(baseline, variant, args.bookings, args.block, args.seed))
-            rows.append({"variant": name, "bookings": args.bookings, **result})
-            print(f"[layer_costs] {name}: {result['paired_diff_p50_ms']:+.2f} ms", file=sys.stderr, flush=True)
-        parts = loop.run_until_complete(price_parts(baseline, rows[0]["baseline_booking_ids"]))
-    loop.close()
+    try:
+        with contextlib.ExitStack() as cleanup:
+            baseline = cleanup.enter_context(service_stack(redis_url=args.redis_url))
+            for name in args.variants:
+                tree = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"concierge-{name}-")))
+                make_tree(tree, variant_edits(name))
+                print(f"[layer_costs] {name}: starting its stack", file=sys.stderr, flush=True)
+                with service_stack(redis_url=args.redis_url, env={"PYTHONPATH": str(tree)}) as variant:
+                    result = loop.run_until_complete(compare(baseline, variant, args.bookings, args.block, args.seed))
+                rows.append({"variant": name, "bookings": args.bookings, **result})
+                print(f"[layer_costs] {name}: {result['paired_diff_p50_ms']:+.2f} ms", file=sys.stderr, flush=True)
+            parts = loop.run_until_complete(price_parts(baseline, rows[0]["baseline_booking_ids"]))
+    finally:
+        loop.close()
     report(rows, parts)
     write_results(args.output, {"machine": machine(), "parts": parts, "variants": rows})
     return 0
