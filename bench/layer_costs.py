@@ -5,8 +5,8 @@ copies this checkout's tracked files to a temporary directory, applies the varia
 match the source exactly once, or the bench stops and names it), and starts two stacks side by side: the baseline
 (this checkout) and the variant (the copy first on the services' ``PYTHONPATH``, as ``ab_stacks.py`` does). One
 client then books on both in turn, a block of bookings at a time (baseline, variant, variant, baseline, ...), so a
-slower minute slows both; the difference between neighbouring blocks is the layer's price on a booking's latency. The copies, stacks, databases and keys are removed
-at the end.
+slower minute slows both; the difference between neighbouring blocks is the layer's price on a booking's latency.
+The copies, stacks, databases and keys are removed at the end.
 
 The variants are diagnostics, not options: every layer removed here is one the issues require (tracing, the lease
 fence before a side effect, faults read from Redis on every provider request, progress statuses, the idempotency
