@@ -97,6 +97,19 @@ HOPS: tuple[tuple[str, str], ...] = (
     (SERVICE_HOP, "booking-agent → hotel-api  POST /reservations/{id}/confirm"),
     (CLIENT_REQUEST, "client → booking-agent  GET /bookings/{id}?wait= (long-poll)"),
 )
+SERVICE_HOPS = sum(1 for kind, _ in HOPS if kind == SERVICE_HOP)
+CLIENT_REQUESTS = len(HOPS) - SERVICE_HOPS
+
+
+def unavoidable_ms(
+    *, hop_ms: float, direct_ms: float, aput_ms: float, writes_ms: float, checkpoints: int, write_batches: int
+) -> float:
+    """The booking's unavoidable parts at these prices: each request one leg (a service's call to another at the
+    hop's price, the client's own at a direct request's), and the checkpointer writes a ``durability="sync"`` step
+    cannot skip (its task's writes, then its checkpoint)."""
+    return SERVICE_HOPS * hop_ms + CLIENT_REQUESTS * direct_ms + checkpoints * aput_ms + write_batches * writes_ms
+
+
 # Checkpoints (``aput``) a graph run writes with durability="sync": LangGraph saves the input (step -1) and the
 # ``__start__`` step (0), then one checkpoint per super-step, i.e. per node on the path the run takes.
 CHECKPOINTS_BEFORE_FIRST_NODE = 2
@@ -729,9 +742,7 @@ def evaluate(options: Options, result: dict[str, Any]) -> tuple[list[Target], di
     w = int(written.get("checkpoints") or w_code)
     # every step but the last stores its task's writes before its checkpoint (durability="sync")
     b = int(written.get("write_batches") or w_code - 2)
-    k = len(HOPS)
-    hops = sum(1 for kind, _ in HOPS if kind == SERVICE_HOP)
-    requests = k - hops
+    k, hops, requests = len(HOPS), SERVICE_HOPS, CLIENT_REQUESTS
     parts: dict[str, Any] = {
         "K_requests": k,
         "S_service_hops": hops,
@@ -754,11 +765,10 @@ def evaluate(options: Options, result: dict[str, Any]) -> tuple[list[Target], di
     if "checkpoint_baseline" in result:
         aput_ms = result["checkpoint_baseline"]["aput_ms"]["p50"]
         writes_ms = result["checkpoint_baseline"]["aput_writes_ms"]["p50"]
-        # A sync step writes its task's writes, then its checkpoint: both are the checkpointer writes a booking
-        # cannot skip. Each request is one leg: a service's call to another at the hop's price, the client's own
-        # requests at a direct request's.
         checkpoints_ms = w * aput_ms + b * writes_ms
-        unavoidable = hops * hop_ms + requests * direct_ms + checkpoints_ms
+        unavoidable = unavoidable_ms(
+            hop_ms=hop_ms, direct_ms=direct_ms, aput_ms=aput_ms, writes_ms=writes_ms, checkpoints=w, write_batches=b
+        )
         bound = TARGET_LATENCY_FACTOR * unavoidable
         # how earlier versions priced it: every request as the client's request through the front (two legs)
         two_legs = k * through_front_ms + checkpoints_ms

@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,15 +41,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _stack import cpu_seconds, hop_pair, machine, service_stack, write_results
 from booking_throughput import (
-    CLIENT_REQUEST,
-    HOPS,
-    SERVICE_HOP,
+    CLIENT_REQUESTS,
+    SERVICE_HOPS,
     TARGET_LATENCY_FACTOR,
     BookingFactory,
     CheckpointSampler,
     HopSampler,
+    StopRule,
     checkpoints_written,
     new_event_loop,
+    run_load,
+    unavoidable_ms,
 )
 
 from tests.stack import Stack
@@ -161,18 +162,13 @@ def make_tree(dest: Path, edits: Sequence[Edit]) -> None:
         path.write_text(text.replace(edit.old, edit.new))
 
 
-async def book(http: httpx.AsyncClient, stack: Stack, booking: dict[str, Any]) -> tuple[str, float]:
-    base = stack.url("booking-agent")
-    start = time.perf_counter()
-    accepted = await http.post(f"{base}/bookings", json=booking)
-    accepted.raise_for_status()
-    booking_id = accepted.json()["booking_id"]
-    answer = await http.get(f"{base}/bookings/{booking_id}", params={"wait": 30})
-    elapsed = time.perf_counter() - start
-    status = answer.json().get("status")
-    if status != "confirmed":
-        raise RuntimeError(f"booking {booking_id} ended {status!r}: {answer.text[:300]}")
-    return booking_id, elapsed
+async def book(http: httpx.AsyncClient, count: int, factory: BookingFactory) -> tuple[list[str], list[float]]:
+    """``count`` bookings one at a time on the stack ``http`` points at: their ids and latencies (POST → confirmed)."""
+    result = await run_load(http, clients=1, stop=StopRule(confirmed=count), new_booking=factory, keep_ids=count)
+    if result.errors:
+        # a variant whose edits break bookings measures nothing: stop rather than report it
+        raise RuntimeError(f"{http.base_url}: bookings did not confirm: {dict(result.errors)}")
+    return result.confirmed_ids, result.confirmed_latencies_s()
 
 
 async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, seed: int) -> dict[str, Any]:
@@ -184,25 +180,28 @@ async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, se
     """
     factory = BookingFactory(seed)
     stacks = (baseline, variant)
-    async with httpx.AsyncClient(timeout=60) as http:
-        for _ in range(50):  # warm-up: pools, caches, the first checkpoints of each service
-            for stack in stacks:
-                await book(http, stack, factory())
-        cpu_s = [0.0, 0.0]
-        times: tuple[list[float], list[float]] = ([], [])
-        block_p50: tuple[list[float], list[float]] = ([], [])
-        ids: list[str] = []
+    cpu_s = [0.0, 0.0]
+    times: tuple[list[float], list[float]] = ([], [])
+    block_p50: tuple[list[float], list[float]] = ([], [])
+    ids: list[str] = []
+    async with (
+        httpx.AsyncClient(base_url=baseline.url("booking-agent"), timeout=60) as baseline_http,
+        httpx.AsyncClient(base_url=variant.url("booking-agent"), timeout=60) as variant_http,
+    ):
+        clients = (baseline_http, variant_http)
+        for http in clients:  # warm-up: pools, caches, the first checkpoints of each service
+            await book(http, 50, factory)
         for i in range(max(1, bookings // block)):
             for side in (0, 1) if i % 2 == 0 else (1, 0):
-                stack = stacks[side]
-                await book(http, stack, factory())  # untimed: refills the caches the other stack used
-                cpu_before = sum(cpu_seconds(p.pid) for p in stack.services.values())
-                timed = [await book(http, stack, factory()) for _ in range(block)]
-                cpu_s[side] += sum(cpu_seconds(p.pid) for p in stack.services.values()) - cpu_before
-                times[side].extend(elapsed for _, elapsed in timed)
-                block_p50[side].append(statistics.median(elapsed for _, elapsed in timed))
+                await book(clients[side], 1, factory)  # untimed: refills the caches the other stack used
+                pids = [p.pid for p in stacks[side].services.values()]
+                cpu_before = sum(cpu_seconds(pid) for pid in pids)
+                booked, latencies = await book(clients[side], block, factory)
+                cpu_s[side] += sum(cpu_seconds(pid) for pid in pids) - cpu_before
+                times[side].extend(latencies)
+                block_p50[side].append(statistics.median(latencies))
                 if side == 0:
-                    ids.extend(booking_id for booking_id, _ in timed)
+                    ids.extend(booked)
     diffs = [v - b for b, v in zip(*block_p50, strict=True)]
     return {
         "baseline_p50_ms": statistics.median(times[0]) * 1000,
@@ -219,8 +218,6 @@ async def price_parts(baseline: Stack, booking_ids: Sequence[str]) -> dict[str, 
     """The booking's unavoidable parts, priced as ``booking_throughput.py`` prices them."""
     database = baseline.env["DATABASE_URL"]
     written = await checkpoints_written(database, booking_ids)
-    hops = sum(1 for kind, _ in HOPS if kind == SERVICE_HOP)
-    requests = sum(1 for kind, _ in HOPS if kind == CLIENT_REQUEST)
     with hop_pair() as pair:
         async with httpx.AsyncClient(timeout=30) as http:
             sampler = HopSampler(pair, http)
@@ -241,8 +238,10 @@ async def price_parts(baseline: Stack, booking_ids: Sequence[str]) -> dict[str, 
         "aput_writes_p50_ms": batch_ms,
         "checkpoints": w,
         "write_batches": b,
-        "unavoidable_ms": hops * hop_ms + requests * direct_ms + w * aput_ms + b * batch_ms,
-        "formula": f"{hops}·hop + {requests}·direct + {w}·aput + {b}·aput_writes",
+        "unavoidable_ms": unavoidable_ms(
+            hop_ms=hop_ms, direct_ms=direct_ms, aput_ms=aput_ms, writes_ms=batch_ms, checkpoints=w, write_batches=b
+        ),
+        "formula": f"{SERVICE_HOPS}·hop + {CLIENT_REQUESTS}·direct + {w}·aput + {b}·aput_writes",
     }
 
 
