@@ -15,7 +15,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,43 +24,28 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
-from agents.skills import SkillFailure, install_skill_failure_handler
+from domain.booking import MAX_GUESTS, MIN_GUESTS, check_nights, parse_iso_date
 from graph.booking import BookingDeps, booking_input, build_booking_graph, open_booking_deps
-from infra.a2a import Skill, mount_a2a
+from infra.a2a.server import Skill, mount_a2a
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
-from infra.providers.inventory import CITIES, find_hotel, hotels_in
 from infra.service import create_service_app
 from infra.settings import get_settings
-from recovery.leases import RunStore
 from recovery.queue import DeadLetterQueue, QueueGuard
-from recovery.runner import execute_run
 from resilience import bulkhead_registry, remaining_budget
+from runs.leases import RunStore
+from runs.runner import execute_run
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "booking-agent"
 GRAPH = "booking"
-MAX_NIGHTS = 30
 MAX_WAIT_S = 60.0
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 # How long a shutting-down agent lets the current step of each run finish before cancelling it.
 DRAIN_S = 10.0
 
 
-def _iso_date(value: object) -> date:
-    # stricter than pydantic's date: no timestamps, no datetimes, exactly what the API documents
-    if isinstance(value, date):
-        return value
-    if not isinstance(value, str) or not _DATE.fullmatch(value):
-        raise ValueError("must be a date written YYYY-MM-DD")
-    try:
-        return date.fromisoformat(value)
-    except ValueError:
-        raise ValueError("not a calendar date") from None
-
-
-IsoDate = Annotated[date, BeforeValidator(_iso_date)]
+IsoDate = Annotated[date, BeforeValidator(parse_iso_date)]
 
 
 class BookingRequest(BaseModel):
@@ -70,18 +54,10 @@ class BookingRequest(BaseModel):
     city: str = Field(min_length=1, max_length=80)
     checkin: IsoDate
     checkout: IsoDate
-    guests: int = Field(ge=1, le=8, strict=True)
+    guests: int = Field(ge=MIN_GUESTS, le=MAX_GUESTS, strict=True)
     payment_token: str = Field(min_length=5, max_length=128, pattern=r"^tok_[A-Za-z0-9_]+$")
     hotel_id: str | None = Field(None, min_length=1, max_length=64)
     max_price_per_night: float | None = Field(None, gt=0, allow_inf_nan=False)
-
-    @field_validator("city")
-    @classmethod
-    def known_city(cls, city: str) -> str:
-        hotels = hotels_in(city)
-        if not hotels:
-            raise ValueError(f"unknown city; choose one of {', '.join(CITIES)}")
-        return hotels[0].city
 
     @field_validator("checkin")
     @classmethod
@@ -95,24 +71,8 @@ class BookingRequest(BaseModel):
     def after_checkin(cls, checkout: date, info: ValidationInfo) -> date:
         checkin = info.data.get("checkin")
         if checkin is not None:
-            if checkout <= checkin:
-                raise ValueError("must be after checkin")
-            if (checkout - checkin).days > MAX_NIGHTS:
-                raise ValueError(f"a stay is at most {MAX_NIGHTS} nights")
+            check_nights(checkin, checkout)
         return checkout
-
-    @field_validator("hotel_id")
-    @classmethod
-    def known_hotel(cls, hotel_id: str | None, info: ValidationInfo) -> str | None:
-        if hotel_id is None:
-            return None
-        hotel = find_hotel(hotel_id)
-        if hotel is None:
-            raise ValueError("unknown hotel_id")
-        city = info.data.get("city")
-        if city is not None and hotel.city != city:
-            raise ValueError(f"hotel {hotel_id} is in {hotel.city}, not in {city}")
-        return hotel_id
 
     def as_payload(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -181,7 +141,7 @@ class BookingService:
             run_input,
             budget_s=get_settings().booking_budget_s,
             stop=self.stopping,
-            guard=self.guard,
+            hand_off=self.guard.safe_enqueue,
         )
 
     async def drain(self) -> None:
@@ -219,7 +179,6 @@ async def _checkpointer_ready() -> None:
 
 
 app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
-install_skill_failure_handler(app)
 
 
 def _service() -> BookingService:
@@ -259,10 +218,7 @@ async def get_booking(
 async def book_hotel(data: dict[str, Any]) -> dict[str, Any]:
     """A2A: accept a booking and wait (within the caller's budget) for its outcome."""
     client_key = data.pop("idempotency_key", None)
-    try:
-        request = BookingRequest.model_validate(data)
-    except ValueError as exc:
-        raise SkillFailure("invalid_request", str(exc)) from exc
+    request = BookingRequest.model_validate(data)  # a ValidationError answers invalid_request (the error table)
     booking_id, _ = await _service().accept(request, client_key if isinstance(client_key, str) else None)
     booking = await app.state.booking.bookings.wait_final(booking_id, max(0.0, remaining_budget() - 0.1))
     return booking or {"booking_id": booking_id, "status": "pending"}

@@ -14,11 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from agents.skills import SkillFailure, install_skill_failure_handler, skill_failure_from
+from domain.booking import ErrorCode
 from graph.payment import build_payment_graph, payment_thread_id
-from infra.a2a import Skill, mount_a2a
+from infra.a2a import SkillFailure
+from infra.a2a.server import Skill, mount_a2a
 from infra.checkpointer import checkpointer_ready, open_checkpointer
-from infra.providers.clients import PaymentApiClient
+from infra.clients.providers import PaymentApiClient
+from infra.error_table import skill_failure_from
 from infra.service import create_service_app
 from infra.settings import get_settings
 
@@ -42,13 +44,12 @@ async def _checkpointer_ready() -> None:
 
 
 app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
-install_skill_failure_handler(app)
 
 
 def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     value = data.get(name)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise SkillFailure("invalid_request", f"{name}: required, got {value!r}")
+        raise SkillFailure(ErrorCode.INVALID_REQUEST, f"{name}: required, got {value!r}")
     return value
 
 
@@ -69,7 +70,7 @@ async def _run(operation: str, state: dict[str, Any]) -> dict[str, Any]:
 async def charge_payment(data: dict[str, Any]) -> dict[str, Any]:
     amount = _require(data, "amount", (int, float))
     if amount <= 0:
-        raise SkillFailure("invalid_request", "amount: must be positive")
+        raise SkillFailure(ErrorCode.INVALID_REQUEST, "amount: must be positive")
     state = {
         "amount": float(amount),
         "currency": _require(data, "currency", str),
@@ -89,7 +90,7 @@ async def charge_payment(data: dict[str, Any]) -> dict[str, Any]:
 async def refund_payment(data: dict[str, Any]) -> dict[str, Any]:
     payment_id = data.get("payment_id")
     if payment_id is not None and not isinstance(payment_id, str):
-        raise SkillFailure("invalid_request", "payment_id: must be a string")
+        raise SkillFailure(ErrorCode.INVALID_REQUEST, "payment_id: must be a string")
     result = await _run("refund", {"reference": _require(data, "reference", str), "payment_id": payment_id})
     return {"refunded": result.get("refunded", []), "reference": data["reference"]}
 

@@ -13,10 +13,11 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 
-from agents.skills import SkillFailure, install_skill_failure_handler, skill_failure_from
-from graph.search import InvalidSearchError, build_search_graph
-from infra.a2a import Skill, mount_a2a
-from infra.providers.clients import HotelApiClient
+from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS
+from graph.search import build_search_graph
+from infra.a2a.server import Skill, mount_a2a
+from infra.clients.providers import HotelApiClient
+from infra.error_table import skill_failure_from
 from infra.service import create_service_app
 from infra.settings import get_settings
 from resilience import bulkhead_registry
@@ -35,15 +36,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 app = create_service_app(SERVICE, lifespan=lifespan)
-install_skill_failure_handler(app)
 
 
 async def _search(query: dict[str, Any]) -> dict[str, Any]:
     graph = app.state.search_graph
     try:
         state = await graph.ainvoke(query)
-    except InvalidSearchError as exc:
-        raise SkillFailure("invalid_request", str(exc)) from exc
     except Exception as exc:
         raise skill_failure_from(exc) from exc
     return {"offers": state.get("offers", [])}
@@ -76,9 +74,9 @@ mount_a2a(
 async def list_hotels(
     request: Request,
     city: Annotated[str, Query(min_length=1, max_length=80)],
-    checkin: Annotated[str, Query(pattern=r"^\d{4}-\d{2}-\d{2}$")],
-    checkout: Annotated[str, Query(pattern=r"^\d{4}-\d{2}-\d{2}$")],
-    guests: Annotated[int, Query(ge=1, le=8)] = 1,
+    checkin: Annotated[str, Query(pattern=ISO_DATE_PATTERN)],
+    checkout: Annotated[str, Query(pattern=ISO_DATE_PATTERN)],
+    guests: Annotated[int, Query(ge=MIN_GUESTS, le=MAX_GUESTS)] = 1,
     max_price_per_night: Annotated[float | None, Query(gt=0)] = None,
 ) -> dict[str, Any]:
     query = {

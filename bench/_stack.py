@@ -224,7 +224,7 @@ def _a2a_echo_app(*, inline_send: bool) -> FastAPI:
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-    from infra.a2a import Skill, mount_a2a, token_ok
+    from infra.a2a.server import Skill, mount_a2a, token_ok
     from resilience import BulkheadConfig, bulkhead_registry
 
     bulkhead_registry.configure("bench_echo", BulkheadConfig(max_concurrent=64, timeout=10))

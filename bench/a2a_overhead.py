@@ -38,7 +38,7 @@ PAYLOAD = {"amount": 240.0, "currency": "EUR", "payment_token": "tok_visa", "ref
 
 
 async def measure(samples: int, rounds: int, urls: dict[str, str], pids: dict[str, int]) -> dict[str, Any]:
-    from infra.a2a import A2AClient
+    from infra.a2a.client import A2AClient
 
     token = os.environ["CONCIERGE_SERVICE_TOKEN"]
     async with (

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _stack import HopPair, cpu_seconds, hop_pair, machine_cpu_seconds, percentiles, rss_kib, service_stack
 
-from infra.providers.inventory import CITIES
+from providers.inventory import CITIES
 from tests.stack import CORE, TEST_DATABASE_URL
 
 RESULTS = Path(__file__).resolve().parent / "results" / "booking_throughput.json"

@@ -92,14 +92,14 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "fence",
         "the lease check before each side effect (one Redis round trip per side-effect node in booking-agent)",
-        (Edit("graph/nodes.py", "                check = _fence.get()\n", "                check = None\n"),),
+        (Edit("graph/idempotency.py", "                check = _fence.get()\n", "                check = None\n"),),
     ),
     Variant(
         "fault-reads",
         "the providers' read of their faults on every request (one Redis round trip each)",
         (
             Edit(
-                "infra/providers/faults.py",
+                "providers/faults.py",
                 "        faults = await load_faults(request.app.state.redis, self.provider)\n",
                 "        faults = NO_FAULTS\n",
             ),
@@ -108,20 +108,20 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "progress",
         "the statuses between pending and the outcome (searching, reserving, paying, confirming)",
-        (Edit("graph/booking.py", '        store.report(state["booking_id"], status)\n', "        return None\n"),),
+        (Edit("graph/booking.py", '    deps.bookings.report(state["booking_id"], status)\n', "    return None\n"),),
     ),
     Variant(
         "idempotency-records",
         "the claim and the stored result of each side-effect node (two Redis round trips per node)",
         (
             Edit(
-                "graph/nodes.py",
+                "graph/idempotency.py",
                 "        stored, waited = await self._claim_or_wait(client, scripts, record, token, "
                 "max(1, math.ceil(lease_s * 1000)))\n",
                 "        stored, waited = None, False\n",
             ),
             Edit(
-                "graph/nodes.py",
+                "graph/idempotency.py",
                 "        return await self._complete(client, scripts, record, token, payload, ttl_s, span)\n",
                 "        return json.loads(payload)\n",
             ),
@@ -130,7 +130,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "values-stream",
         "the runner's `values` stream (the final state it hands back)",
-        (Edit("recovery/runner.py", 'stream_mode=["updates", "values"]', 'stream_mode=["updates"]'),),
+        (Edit("runs/runner.py", 'stream_mode=["updates", "values"]', 'stream_mode=["updates"]'),),
     ),
 )
 ALL = "all"

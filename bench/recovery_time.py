@@ -49,7 +49,7 @@ import redis as redis_sync
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.settings import Settings
-from recovery.leases import run_key
+from runs.leases import run_key
 from tests.stack import CORE, Stack, fresh_database, stay
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery_time.json"

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -40,14 +41,16 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
-from graph.nodes import idempotency_key, idempotent_node, traced_node
-from graph.search import InvalidSearchError, validate_stay
-from infra.a2a import A2AClient, A2AError, A2ASkillError
+from domain.booking import BookingStatus, ErrorCode, InvalidStayError, validate_stay
+from graph.idempotency import idempotency_key, idempotent_node
+from graph.tracing import traced_node
+from infra.a2a.client import A2AClient
 from infra.bookings import BookingStore
-from infra.providers.clients import HotelApiClient
-from infra.providers.errors import NoAvailabilityError, ProviderError, ProviderRejectedError
+from infra.clients.errors import NoAvailabilityError
+from infra.clients.providers import HotelApiClient
+from infra.error_table import answer_for
 from infra.settings import get_settings
-from resilience import BudgetExhaustedError, ResilienceError, policy_for, remaining_budget
+from resilience import policy_for
 from resilience.budget import detached_budget
 
 logger = logging.getLogger(__name__)
@@ -76,6 +79,12 @@ class BookingState(TypedDict, total=False):
     error: dict[str, str] | None
 
 
+class Peer(Protocol):
+    """Another agent, as the saga calls it (``infra.a2a.client.A2AClient``, or an in-process fake in a test)."""
+
+    async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class BookingDeps:
     """What the booking graph talks to; built once per process (booking-agent, recovery worker)."""
@@ -83,8 +92,8 @@ class BookingDeps:
     redis: Redis
     bookings: BookingStore
     hotels: HotelApiClient
-    search_agent: A2AClient
-    payment_agent: A2AClient
+    search_agent: Peer
+    payment_agent: Peer
 
 
 @asynccontextmanager
@@ -113,182 +122,181 @@ async def open_booking_deps(redis: Redis) -> AsyncIterator[BookingDeps]:
 
 
 def failure(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
+    return {"error": {"code": str(code), "message": message}}
 
 
 def classify(exc: BaseException) -> dict[str, Any]:
-    """The booking error for an exception that answers the booking; re-raises anything else."""
-    if isinstance(exc, NoAvailabilityError):
-        return failure("no_availability", "no rooms left for these dates")
-    if isinstance(exc, A2ASkillError) and exc.code in {"payment_declined", "no_availability", "timeout"}:
-        return failure(exc.code, exc.message)
-    if isinstance(exc, BudgetExhaustedError | TimeoutError) or remaining_budget() <= 0:
-        return failure("timeout", "the booking ran out of time")
-    if isinstance(exc, A2ASkillError):
-        return failure("provider_unavailable", f"{exc.code}: {exc.message}")
-    if isinstance(exc, ResilienceError | ProviderError | A2AError):
-        return failure("provider_unavailable", str(exc))
-    raise exc
+    """The booking error for an exception that answers the booking (``infra.error_table``); re-raises the rest.
+
+    ``internal`` (Redis down, a bug) is not an answer: the run fails and recovery runs it again.
+    """
+    answer = answer_for(exc)
+    if answer.code == ErrorCode.INTERNAL:
+        raise exc
+    return failure(answer.code, answer.message)
+
+
+def progress(deps: BookingDeps, state: BookingState, status: BookingStatus) -> None:
+    # in the background and in order: the step's own calls need not wait for a status people read
+    deps.bookings.report(state["booking_id"], status)
+
+
+# Each step is a module-level function of (state, config, deps): ``build_booking_graph`` binds the deps and wraps
+# it in its decorators, and a test can run the whole saga in process against fakes.
+
+
+async def search(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    try:
+        validate_stay(state["checkin"], state["checkout"], state["guests"])
+    except InvalidStayError as exc:
+        return classify(exc)
+    progress(deps, state, BookingStatus.SEARCHING)
+    query = {
+        "city": state["city"],
+        "checkin": state["checkin"],
+        "checkout": state["checkout"],
+        "guests": state["guests"],
+        "hotel_id": state.get("hotel_id"),
+        "max_price_per_night": state.get("max_price_per_night"),
+    }
+    try:
+        result = await policy_for("search_agent").call(deps.search_agent.call, "search_hotels", query)
+    except Exception as exc:
+        return classify(exc)
+    offers = result.get("offers", [])
+    if not offers:
+        return failure(ErrorCode.NO_AVAILABILITY, "no hotel matches this search")
+    # search-agent already filtered by hotel_id / price and sorted cheapest first
+    limit = 1 if state.get("hotel_id") else MAX_CANDIDATES
+    return {"candidates": offers[:limit], "error": None, "charge_attempted": False}
+
+
+async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    progress(deps, state, BookingStatus.RESERVING)
+    base_key = idempotency_key()
+    last_error: BaseException | None = None
+    for offer in state["candidates"]:
+        try:
+            held = await policy_for("hotel_api").call(
+                deps.hotels.reserve,
+                hotel_id=offer["hotel_id"],
+                checkin=state["checkin"],
+                checkout=state["checkout"],
+                guests=state["guests"],
+                reference=state["booking_id"],
+                idempotency_key=f"{base_key}:{offer['hotel_id']}",
+            )
+        except NoAvailabilityError as exc:
+            last_error = exc  # taken meanwhile: the next candidate
+            continue
+        except Exception as exc:
+            return classify(exc)
+        return {
+            "hotel_id": offer["hotel_id"],
+            "hotel_name": offer["name"],
+            "reservation_id": held["reservation_id"],
+            "total_price": held["total_price"],
+            "currency": held["currency"],
+        }
+    return classify(last_error or NoAvailabilityError("no candidates"))
+
+
+async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    progress(deps, state, BookingStatus.PAYING)
+    request = {
+        "amount": state["total_price"],
+        "currency": state["currency"],
+        "payment_token": state["payment_token"],
+        "reference": state["booking_id"],
+    }
+    try:
+        result = await policy_for("payment_api").call(deps.payment_agent.call, "charge_payment", request)
+    except Exception as exc:
+        outcome = classify(exc)
+        # A charge that did not answer may still have been captured: compensation then refunds by reference.
+        return {**outcome, "charge_attempted": outcome["error"]["code"] != ErrorCode.PAYMENT_DECLINED}
+    return {"payment_id": result["payment_id"], "charge_attempted": True}
+
+
+async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    progress(deps, state, BookingStatus.CONFIRMING)
+    try:
+        await policy_for("hotel_api").call(
+            deps.hotels.confirm, str(state["reservation_id"]), idempotency_key=idempotency_key()
+        )
+    except Exception as exc:
+        return classify(exc)
+    return {"status": BookingStatus.CONFIRMED}
+
+
+async def compensate(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    base_key = idempotency_key()
+    with detached_budget(COMPENSATION_BUDGET_S):
+        if state.get("payment_id") or state.get("charge_attempted"):
+            await policy_for("payment_api").call(
+                deps.payment_agent.call,
+                "refund_payment",
+                {"reference": state["booking_id"], "payment_id": state.get("payment_id")},
+            )
+        if state.get("reservation_id"):
+            await policy_for("hotel_api").call(
+                deps.hotels.cancel, str(state["reservation_id"]), idempotency_key=f"{base_key}:cancel"
+            )
+    logger.info("booking %s compensated (%s)", state["booking_id"], (state.get("error") or {}).get("code"))
+    return {"status": BookingStatus.FAILED}
+
+
+async def finish(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    error = state.get("error")
+    status = BookingStatus.FAILED if error else BookingStatus.CONFIRMED
+    store = deps.bookings
+    await store.flush(state["booking_id"])  # "confirming" before "confirmed", never after
+    await store.update(
+        state["booking_id"],
+        status=status,
+        hotel_id=state.get("hotel_id"),
+        hotel_name=state.get("hotel_name"),
+        total_price=state.get("total_price"),
+        currency=state.get("currency"),
+        reservation_id=state.get("reservation_id"),
+        payment_id=state.get("payment_id"),
+        error=error,
+    )
+    return {"status": status}
+
+
+# (name, step, key_fields of its idempotency record; None: no side effect, no record)
+STEPS: tuple[tuple[str, Any, list[str] | None], ...] = (
+    ("search", search, None),
+    ("reserve", reserve, ["booking_id"]),
+    ("charge", charge, ["booking_id", "reservation_id"]),
+    ("confirm", confirm, ["booking_id", "reservation_id"]),
+    ("compensate", compensate, ["booking_id", "reservation_id", "payment_id"]),
+    ("finish", finish, None),
+)
+
+
+def _next_or_compensate(next_node: str) -> Any:
+    # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup
+    async def route(state: BookingState) -> str:
+        return "compensate" if state.get("error") else next_node
+
+    return route
 
 
 def build_booking_graph(
     deps: BookingDeps, checkpointer: BaseCheckpointSaver[str] | None = None
 ) -> CompiledStateGraph[BookingState, None, BookingState, BookingState]:
-    hotel_policy = policy_for("hotel_api")
-    search_policy = policy_for("search_agent")
-    payment_policy = policy_for("payment_api")
-    store = deps.bookings
-
-    def progress(state: BookingState, status: str) -> None:
-        # in the background and in order: the step's own calls need not wait for a status people read
-        store.report(state["booking_id"], status)
-
-    @traced_node("search")
-    async def search(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        try:
-            validate_stay(state["checkin"], state["checkout"], state["guests"])
-        except InvalidSearchError as exc:
-            return failure("invalid_request", str(exc))
-        progress(state, "searching")
-        query = {
-            "city": state["city"],
-            "checkin": state["checkin"],
-            "checkout": state["checkout"],
-            "guests": state["guests"],
-            "hotel_id": state.get("hotel_id"),
-            "max_price_per_night": state.get("max_price_per_night"),
-        }
-        try:
-            result = await search_policy.call(deps.search_agent.call, "search_hotels", query)
-        except Exception as exc:
-            return classify(exc)
-        offers = result.get("offers", [])
-        if not offers:
-            return failure("no_availability", "no hotel matches this search")
-        # search-agent already filtered by hotel_id / price and sorted cheapest first
-        limit = 1 if state.get("hotel_id") else MAX_CANDIDATES
-        return {"candidates": offers[:limit], "error": None, "charge_attempted": False}
-
-    @traced_node("reserve")
-    @idempotent_node(lambda: deps.redis, "reserve", key_fields=["booking_id"])
-    async def reserve(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        progress(state, "reserving")
-        base_key = idempotency_key()
-        last_error: BaseException | None = None
-        for offer in state["candidates"]:
-            try:
-                held = await hotel_policy.call(
-                    deps.hotels.reserve,
-                    hotel_id=offer["hotel_id"],
-                    checkin=state["checkin"],
-                    checkout=state["checkout"],
-                    guests=state["guests"],
-                    reference=state["booking_id"],
-                    idempotency_key=f"{base_key}:{offer['hotel_id']}",
-                )
-            except NoAvailabilityError as exc:
-                last_error = exc
-                continue
-            except Exception as exc:
-                return classify(exc)
-            return {
-                "hotel_id": offer["hotel_id"],
-                "hotel_name": offer["name"],
-                "reservation_id": held["reservation_id"],
-                "total_price": held["total_price"],
-                "currency": held["currency"],
-            }
-        return classify(last_error or NoAvailabilityError("no candidates"))
-
-    @traced_node("charge")
-    @idempotent_node(lambda: deps.redis, "charge", key_fields=["booking_id", "reservation_id"])
-    async def charge(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        progress(state, "paying")
-        request = {
-            "amount": state["total_price"],
-            "currency": state["currency"],
-            "payment_token": state["payment_token"],
-            "reference": state["booking_id"],
-        }
-        try:
-            result = await payment_policy.call(deps.payment_agent.call, "charge_payment", request)
-        except Exception as exc:
-            outcome = classify(exc)
-            # A charge that did not answer may still have been captured: compensation then refunds by reference.
-            return {**outcome, "charge_attempted": outcome["error"]["code"] != "payment_declined"}
-        return {"payment_id": result["payment_id"], "charge_attempted": True}
-
-    @traced_node("confirm")
-    @idempotent_node(lambda: deps.redis, "confirm", key_fields=["booking_id", "reservation_id"])
-    async def confirm(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        progress(state, "confirming")
-        try:
-            await hotel_policy.call(
-                deps.hotels.confirm, str(state["reservation_id"]), idempotency_key=idempotency_key()
-            )
-        except ProviderRejectedError as exc:
-            return failure("provider_unavailable", f"hotel refused the confirmation: {exc}")
-        except Exception as exc:
-            return classify(exc)
-        return {"status": "confirmed"}
-
-    @traced_node("compensate")
-    @idempotent_node(lambda: deps.redis, "compensate", key_fields=["booking_id", "reservation_id", "payment_id"])
-    async def compensate(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        base_key = idempotency_key()
-        with detached_budget(COMPENSATION_BUDGET_S):
-            if state.get("payment_id") or state.get("charge_attempted"):
-                await payment_policy.call(
-                    deps.payment_agent.call,
-                    "refund_payment",
-                    {"reference": state["booking_id"], "payment_id": state.get("payment_id")},
-                )
-            if state.get("reservation_id"):
-                await hotel_policy.call(
-                    deps.hotels.cancel, str(state["reservation_id"]), idempotency_key=f"{base_key}:cancel"
-                )
-        logger.info("booking %s compensated (%s)", state["booking_id"], (state.get("error") or {}).get("code"))
-        return {"status": "failed"}
-
-    @traced_node("finish")
-    async def finish(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
-        error = state.get("error")
-        status = "failed" if error else "confirmed"
-        await store.flush(state["booking_id"])  # "confirming" before "confirmed", never after
-        await store.update(
-            state["booking_id"],
-            status=status,
-            hotel_id=state.get("hotel_id"),
-            hotel_name=state.get("hotel_name"),
-            total_price=state.get("total_price"),
-            currency=state.get("currency"),
-            reservation_id=state.get("reservation_id"),
-            payment_id=state.get("payment_id"),
-            error=error,
-        )
-        return {"status": status}
-
-    def next_or_compensate(next_node: str) -> Any:
-        # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup
-        async def route(state: BookingState) -> str:
-            return "compensate" if state.get("error") else next_node
-
-        return route
-
     builder = StateGraph(BookingState)
-    for name, node in (
-        ("search", search),
-        ("reserve", reserve),
-        ("charge", charge),
-        ("confirm", confirm),
-        ("compensate", compensate),
-        ("finish", finish),
-    ):
-        builder.add_node(name, node)
+    for name, step, key_fields in STEPS:
+        node: Any = functools.partial(step, deps=deps)
+        if key_fields is not None:
+            node = idempotent_node(lambda: deps.redis, name, key_fields=key_fields)(node)
+        builder.add_node(name, traced_node(name)(node))
     builder.add_edge(START, "search")
     chain = ["search", "reserve", "charge", "confirm", "finish"]
     for current, following in itertools.pairwise(chain):
-        builder.add_conditional_edges(current, next_or_compensate(following), [following, "compensate"])
+        builder.add_conditional_edges(current, _next_or_compensate(following), [following, "compensate"])
     builder.add_edge("compensate", "finish")
     builder.add_edge("finish", END)
     return builder.compile(checkpointer=checkpointer, name="booking")

@@ -22,9 +22,11 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from graph.nodes import RedisProvider, idempotency_key, idempotent_node, traced_node
-from infra.providers.clients import PaymentApiClient
-from infra.providers.errors import PaymentDeclinedError
+from graph.idempotency import RedisProvider, idempotency_key, idempotent_node
+from graph.tracing import traced_node
+from infra.clients.errors import PaymentDeclinedError
+from infra.clients.providers import PaymentApiClient
+from infra.error_table import answer_for
 from resilience import policy_for
 
 
@@ -65,7 +67,8 @@ def build_payment_graph(
             )
         except PaymentDeclinedError as exc:
             # A decline is an answer, not a failure: stored like a success so a replay gives the same answer.
-            return {"status": "declined", "error": {"code": "payment_declined", "message": str(exc)}}
+            answer = answer_for(exc)
+            return {"status": "declined", "error": {"code": answer.code, "message": answer.message}}
         return {"payment_id": result["payment_id"], "status": result["status"], "error": None}
 
     @traced_node("refund")

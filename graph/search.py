@@ -4,7 +4,7 @@
 
     START → validate → query_hotels → END
 
-``validate`` refuses a malformed stay before any I/O. ``query_hotels`` is the only I/O: hotel-api ``GET /hotels``
+``validate`` refuses a malformed stay before any I/O (``domain.booking.validate_stay``: ``InvalidStayError``). ``query_hotels`` is the only I/O: hotel-api ``GET /hotels``
 through ``policy_for("hotel_api")`` (breaker → retry, each attempt bounded by the caller's budget), then ranks the
 offers in the same step (``rank_offers``, pure): every super-step costs LangGraph bookkeeping on the request path,
 and ranking needs nothing a separate step would add. No side effects, so no checkpointer and no idempotency.
@@ -12,22 +12,16 @@ and ranking needs nothing a separate step would add. No side effects, so no chec
 
 from __future__ import annotations
 
-from datetime import date
 from typing import Any, TypedDict
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from graph.nodes import traced_node
-from infra.providers.clients import HotelApiClient
-from resilience import NonRetryableError, policy_for
-
-MAX_NIGHTS = 30
-
-
-class InvalidSearchError(NonRetryableError):
-    code = "invalid_request"
+from domain.booking import InvalidStayError, validate_stay
+from graph.tracing import traced_node
+from infra.clients.providers import HotelApiClient
+from resilience import policy_for
 
 
 class SearchState(TypedDict, total=False):
@@ -38,26 +32,6 @@ class SearchState(TypedDict, total=False):
     max_price_per_night: float | None
     hotel_id: str | None
     offers: list[dict[str, Any]]
-
-
-def validate_stay(checkin: str, checkout: str, guests: int) -> int:
-    """Nights of a stay; ``InvalidSearchError`` naming the field that is wrong."""
-    try:
-        start = date.fromisoformat(checkin)
-    except (TypeError, ValueError):
-        raise InvalidSearchError(f"checkin: not a YYYY-MM-DD date: {checkin!r}") from None
-    try:
-        end = date.fromisoformat(checkout)
-    except (TypeError, ValueError):
-        raise InvalidSearchError(f"checkout: not a YYYY-MM-DD date: {checkout!r}") from None
-    nights = (end - start).days
-    if nights < 1:
-        raise InvalidSearchError("checkout: must be after checkin")
-    if nights > MAX_NIGHTS:
-        raise InvalidSearchError(f"checkout: a stay is at most {MAX_NIGHTS} nights")
-    if not isinstance(guests, int) or not 1 <= guests <= 8:
-        raise InvalidSearchError(f"guests: must be an integer from 1 to 8, got {guests!r}")
-    return nights
 
 
 def rank_offers(
@@ -80,7 +54,7 @@ def build_search_graph(hotels: HotelApiClient) -> CompiledStateGraph[SearchState
     @traced_node("validate")
     async def validate(state: SearchState, config: RunnableConfig) -> dict[str, Any]:
         if not str(state.get("city") or "").strip():
-            raise InvalidSearchError("city: must not be empty")
+            raise InvalidStayError("city", "must not be empty")
         validate_stay(state["checkin"], state["checkout"], state["guests"])
         return {}
 

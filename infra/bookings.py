@@ -18,12 +18,11 @@ from typing import Any, Final, cast
 
 from redis.asyncio import Redis
 
+from domain.booking import FINAL_BOOKING_STATUSES, PROGRESS
 from infra.redis import key
 
 logger = logging.getLogger(__name__)
 
-FINAL_STATUSES: Final = frozenset({"confirmed", "failed"})
-STATUSES: Final = ("pending", "searching", "reserving", "paying", "confirming", "confirmed", "failed")
 PUBLIC_FIELDS: Final = (
     "booking_id",
     "status",
@@ -122,7 +121,7 @@ class BookingStore:
     async def update(self, booking_id: str, **fields: Any) -> bool:
         """Move a booking forward; False if it is already final (or unknown)."""
         fields["updated_at"] = time.time()
-        final = "1" if fields.get("status") in FINAL_STATUSES else "0"
+        final = "1" if fields.get("status") in FINAL_BOOKING_STATUSES else "0"
         reply = await self._update(keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)])
         updated = int(reply[0]) == 1
         waiters = self._waiters.get(booking_id)
@@ -142,7 +141,7 @@ class BookingStore:
         and never after a final status (``update`` refuses that). A failed write is logged, not raised: the step's
         own Redis calls fail too if Redis is really gone.
         """
-        if status in FINAL_STATUSES or status not in STATUSES:
+        if status in FINAL_BOOKING_STATUSES or status not in PROGRESS:
             raise ValueError(f"not a progress status: {status!r}")
         previous = self._reports.get(booking_id)
         task = asyncio.create_task(self._write_report(previous, booking_id, status), name=f"progress:{booking_id}")
@@ -188,7 +187,7 @@ class BookingStore:
         try:
             booking = await self.get(booking_id)
             interval = FALLBACK_POLL_S
-            while booking is not None and booking["status"] not in FINAL_STATUSES:
+            while booking is not None and booking["status"] not in FINAL_BOOKING_STATUSES:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return booking
@@ -201,7 +200,7 @@ class BookingStore:
                 # the status first: the whole record only once it is final, gone, or the wait is over
                 if time.monotonic() < deadline:
                     status = await self.status(booking_id)
-                    if status is not None and status not in FINAL_STATUSES:
+                    if status is not None and status not in FINAL_BOOKING_STATUSES:
                         continue
                 booking = await self.get(booking_id)
             return booking

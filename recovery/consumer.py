@@ -64,12 +64,13 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from infra.settings import Settings, get_settings
-from recovery.errors import LeaseLostError, RecoveryError, RecoveryStoreError
-from recovery.leases import RunLease, RunRecord, RunStatus, RunStore
+from recovery.errors import RecoveryStoreError
 from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
-from recovery.runner import RunOutcome, RunResult, execute_run, run_config
 from resilience import Bulkhead, RetryConfig, backoff_delay, bulkhead_registry
 from resilience.budget import detached_budget
+from runs.errors import LeaseLostError, RunError
+from runs.leases import RunLease, RunRecord, RunStatus, RunStore
+from runs.runner import RunOutcome, RunResult, execute_run, run_config
 
 __all__ = [
     "BULKHEAD_NAME",
@@ -235,7 +236,7 @@ class RecoveryConsumer:
     async def _give_back(self, delivery: Delivery) -> None:
         try:
             await self.queue.nack(delivery)
-        except RecoveryError as exc:
+        except RunError as exc:
             logger.warning("run %s: could not give it back (%s); redelivered later", delivery.thread_id, exc)
 
     async def _process_in_slot(self, delivery: Delivery) -> RecoveryOutcome:
@@ -296,7 +297,7 @@ class RecoveryConsumer:
                 await self.queue.ack(delivery, AckOutcome.SKIPPED)
                 logger.info("run %s: leased by a live owner (or just finished); leaving it to them", thread_id)
                 return RecoveryOutcome.SKIPPED
-        except RecoveryError as exc:
+        except RunError as exc:
             # the delivery stays in flight and comes back after its visibility timeout
             logger.warning("run %s: could not start its recovery (%s); it will be redelivered", thread_id, exc)
             return RecoveryOutcome.FAILED
@@ -312,7 +313,7 @@ class RecoveryConsumer:
         except LeaseLostError as exc:
             logger.warning("run %s: %s; leaving it to the new owner", thread_id, exc)
             return RecoveryOutcome.LOST
-        except RecoveryError as exc:
+        except RunError as exc:
             logger.warning("run %s: recovery interrupted (%s); handed back", thread_id, exc)
             return RecoveryOutcome.FAILED
 
@@ -403,7 +404,7 @@ class RecoveryConsumer:
             where = ", ".join(task.name for task in snapshot.tasks)
             logger.info("run %s: resuming at %s", record.thread_id, where)
         return await execute_run(
-            graph, lease, run_input, budget_s=self.config.budget_s, stop=self.stopping, guard=self.guard
+            graph, lease, run_input, budget_s=self.config.budget_s, stop=self.stopping, hand_off=self.guard.safe_enqueue
         )
 
     # ----------------------------------------------------------------------------------------- giving up
@@ -478,7 +479,7 @@ class RecoveryConsumer:
                 as_node = snapshot.next[0]
             await graph.aupdate_state(config, update, as_node=as_node)
         return await execute_run(
-            graph, lease, None, budget_s=self.config.budget_s, stop=self.stopping, guard=self.guard
+            graph, lease, None, budget_s=self.config.budget_s, stop=self.stopping, hand_off=self.guard.safe_enqueue
         )
 
     async def _hand_back(self, lease: RunLease) -> None:

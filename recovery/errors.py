@@ -1,17 +1,13 @@
-"""The exceptions the recovery building blocks raise.
+"""The exceptions the recovery queue, DLQ and scanner raise (on top of ``runs.errors``).
 
 ::
 
-    Exception
-     └── RecoveryError                  base of everything below
-          ├── RecoveryStoreError        Redis failed (connection, timeout, script error); the cause is chained
-          ├── LeaseLostError            another owner holds a higher fence, or this lease was released/ended:
-          │                             the holder must stop writing for the run at once
-          ├── RunNotFoundError          no run record for that thread id
-          └── RunFinalError             the run already reached a final status and cannot change to another one
+    runs.errors.RunError
+     └── RecoveryError                  base of the errors below
+          └── RecoveryStoreError        Redis failed under the queue or the scanner; also a ``RunStoreError``,
+                                        so one ``except RunStoreError`` covers every Redis failure of a run
 
-``LeaseLostError`` is the one a graph runner must handle: it means "someone else is (or will be) running this
-thread; anything you write now would race them". Fenced writes (``set_status(..., fence=...)``) raise it too.
+A consumer catches ``RunError``: whatever the run store or the queue raised, the delivery comes back later.
 """
 
 from __future__ import annotations
@@ -19,42 +15,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import RedisError
+from runs.errors import RunError, RunStoreError
+from runs.errors import redis_errors as _run_redis_errors
+
+__all__ = ["RecoveryError", "RecoveryStoreError", "redis_errors"]
 
 
-class RecoveryError(Exception):
+class RecoveryError(RunError):
     """Base class of every error the recovery package raises."""
 
 
-class RecoveryStoreError(RecoveryError):
+class RecoveryStoreError(RecoveryError, RunStoreError):
     """Redis could not be reached or refused a command; the original error is the ``__cause__``."""
-
-
-class LeaseLostError(RecoveryError):
-    def __init__(self, thread_id: str, fence: int, reason: str) -> None:
-        super().__init__(f"lease on run {thread_id!r} (fence {fence}) is lost: {reason}")
-        self.thread_id = thread_id
-        self.fence = fence
-        self.reason = reason
-
-
-class RunNotFoundError(RecoveryError):
-    def __init__(self, thread_id: str) -> None:
-        super().__init__(f"no run record for thread {thread_id!r}")
-        self.thread_id = thread_id
-
-
-class RunFinalError(RecoveryError):
-    def __init__(self, thread_id: str, status: str) -> None:
-        super().__init__(f"run {thread_id!r} is already final ({status}); its status cannot change")
-        self.thread_id = thread_id
-        self.status = status
 
 
 @contextmanager
 def redis_errors(action: str) -> Iterator[None]:
     """Convert redis-py errors into ``RecoveryStoreError`` at the package boundary."""
-    try:
+    with _run_redis_errors(action, RecoveryStoreError):
         yield
-    except RedisError as exc:
-        raise RecoveryStoreError(f"{action} failed: {exc}") from exc

@@ -40,7 +40,7 @@ from redis.asyncio import Redis
 from infra.redis import key
 from infra.settings import Settings, get_settings
 from recovery.errors import redis_errors
-from recovery.leases import RECOVERY_TAG, active_index_key, run_key
+from runs.leases import RECOVERY_TAG, active_index_key, run_key
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 
 from infra.settings import get_settings
 from recovery.errors import redis_errors
-from recovery.leases import RunStore
 from recovery.queue import EnqueueOutcome, QueueGuard
+from runs.leases import RunStore
 
 logger = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def free_port() -> int:
 def concierge_command() -> list[str]:
     """The ``concierge`` console script of this interpreter's environment (``python -m`` when not installed)."""
     script = Path(sys.executable).with_name("concierge")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "infra.stack.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "stack.cli"]
 
 
 class ServiceProcess:

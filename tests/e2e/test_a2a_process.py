@@ -19,7 +19,8 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from infra.a2a import AGENT_CARD_PATH, A2AClient, A2ASkillError, A2ATimeoutError
+from infra.a2a import AGENT_CARD_PATH, A2ASkillError, A2ATimeoutError
+from infra.a2a.client import A2AClient
 from infra.settings import get_settings
 from resilience import budget_scope
 from tests.conftest import free_port
@@ -38,7 +39,7 @@ AGENT = textwrap.dedent(
     from fastapi import FastAPI
     from opentelemetry import trace
 
-    from infra.a2a import Skill, mount_a2a
+    from infra.a2a.server import Skill, mount_a2a
     from resilience import remaining_budget
 
     port, marker = int(sys.argv[1]), Path(sys.argv[2])

@@ -138,8 +138,6 @@ def test_a2a_requires_the_service_token_and_serves_agent_cards(stack: Stack) -> 
         ({"guests": 0}, "guests"),
         ({"guests": 9}, "guests"),
         ({"checkin": "10/01/2027"}, "checkin"),
-        ({"hotel_id": "nowhere-99"}, "hotel_id"),
-        ({"city": "Atlantis"}, "city"),
         ({"payment_token": ""}, "payment_token"),
         ({"max_price_per_night": -5}, "max_price_per_night"),
     ],
@@ -151,6 +149,17 @@ def test_bad_booking_fields_get_422_naming_the_field(stack: Stack, change: dict[
     response = stack.http.post(f"{stack.url('booking-agent')}/bookings", json=body)
     assert response.status_code == 422, response.text
     assert field in {str(part) for item in response.json()["detail"] for part in item["loc"]}
+
+
+@pytest.mark.parametrize("change", [{"hotel_id": "nowhere-99"}, {"city": "Atlantis"}])
+def test_a_city_or_hotel_search_cannot_serve_fails_the_booking_with_what_search_says(
+    stack: Stack, change: dict[str, object]
+) -> None:
+    # booking-agent does not read the simulator's inventory: whether a city or hotel can be served is search's call
+    booking = stack.wait(stack.book(**change)["booking_id"])
+    assert booking["status"] == "failed"
+    assert booking["error"]["code"] == "no_availability"
+    assert not [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == booking["booking_id"]]
 
 
 def test_malformed_and_oversized_bodies_and_bad_budgets(stack: Stack) -> None:

@@ -25,7 +25,7 @@ import redis as redis_sync
 from graph.booking import booking_input
 from infra.redis import create_redis, key
 from infra.settings import get_settings
-from recovery.leases import RECOVERY_TAG, RunStore, run_key
+from runs.leases import RECOVERY_TAG, RunStore, run_key
 from tests.procs import concierge_command
 from tests.stack import CORE, Stack, fresh_database, stay
 

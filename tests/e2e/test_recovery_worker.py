@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from recovery import DeadLetterQueue, QueueGuard, RecoveryQueue, RunStatus, RunStore
+from recovery import DeadLetterQueue, QueueGuard, RecoveryQueue
+from runs import RunStatus, RunStore
 from tests.conftest import free_port, start_redis_server
 from tests.procs import Processes, ServiceProcess, concierge_command
 from tests.stack import fresh_database

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.stack import SERVICES
+from stack import SERVICES
 from tests.procs import HOST, Processes, concierge_command, free_port
 
 pytestmark = pytest.mark.e2e

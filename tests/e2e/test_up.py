@@ -25,12 +25,12 @@ from typing import Any
 import httpx
 import pytest
 
-from infra.stack.control import call
-from infra.stack.errors import ControlError
-from infra.stack.layout import plan_instances
-from infra.stack.redis_server import RedisPlan
-from infra.stack.state import StackPaths, pid_alive, read_state
-from infra.stack.supervisor import RestartPolicy, Supervisor, SupervisorConfig
+from stack.control import call
+from stack.errors import ControlError
+from stack.layout import plan_instances
+from stack.redis_server import RedisPlan
+from stack.state import StackPaths, pid_alive, read_state
+from stack.supervisor import RestartPolicy, Supervisor, SupervisorConfig
 from tests.procs import concierge_command, free_port
 
 pytestmark = pytest.mark.e2e
@@ -167,10 +167,10 @@ async def test_a_service_that_dies_during_start_up_fails_up_with_its_last_words(
 # A supervisor in its own process, to be killed -9 (which a supervisor in the test's event loop cannot be).
 SUPERVISOR = """
 import asyncio, json, sys
-from infra.stack.layout import plan_instances
-from infra.stack.redis_server import RedisPlan
-from infra.stack.state import StackPaths
-from infra.stack.supervisor import Supervisor, SupervisorConfig
+from stack.layout import plan_instances
+from stack.redis_server import RedisPlan
+from stack.state import StackPaths
+from stack.supervisor import Supervisor, SupervisorConfig
 spec = json.loads(sys.argv[1])
 config = SupervisorConfig(
     paths=StackPaths.at(spec["data"]),

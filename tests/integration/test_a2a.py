@@ -21,16 +21,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from infra.a2a import (
     A2A_PATH,
     AGENT_CARD_PATH,
-    A2AClient,
     A2AError,
     A2AProtocolError,
     A2ASkillError,
     A2ATimeoutError,
     A2AUnauthorizedError,
     A2AUnavailableError,
-    Skill,
-    mount_a2a,
 )
+from infra.a2a.client import A2AClient
+from infra.a2a.server import Skill, mount_a2a
 from infra.http import create_http_client
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry

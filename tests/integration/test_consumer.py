@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
 
+from agents.recovery_worker import booking_recovery
 from graph.booking import booking_input
 from infra.bookings import BookingStore
 from infra.checkpointer import open_checkpointer
@@ -28,12 +29,9 @@ from recovery import (
     RecoveryConsumer,
     RecoveryOutcome,
     RecoveryQueue,
-    RunStatus,
-    RunStore,
-    run_config,
 )
-from recovery.worker import booking_recovery
 from resilience import Bulkhead, BulkheadConfig, RetryConfig
+from runs import RunStatus, RunStore, run_config
 
 GRAPH = "saga"
 

@@ -15,8 +15,8 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import REGISTRY
 
-from infra.providers import hotel_api
-from infra.providers.inventory import CITIES, HOTELS, hotels_in
+from providers import hotel_api
+from providers.inventory import CITIES, HOTELS, hotels_in
 from tests.procs import serve_in_process
 
 CHECKIN, CHECKOUT = "2031-03-10", "2031-03-13"  # three nights
@@ -417,6 +417,6 @@ async def test_a_hanging_request_is_really_held(redis: object) -> None:
 
 
 def test_rooms_rule_is_ceil_guests_over_two() -> None:
-    from infra.providers.stays import rooms_for
+    from domain.booking import rooms_for
 
     assert [rooms_for(g) for g in range(1, 9)] == [math.ceil(g / 2) for g in range(1, 9)]

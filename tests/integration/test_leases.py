@@ -11,14 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from infra.redis import create_redis
-from recovery import (
-    LeaseLostError,
-    RunFinalError,
-    RunLease,
-    RunNotFoundError,
-    RunStatus,
-    RunStore,
-)
+from runs import LeaseLostError, RunFinalError, RunLease, RunNotFoundError, RunStatus, RunStore
 
 
 async def _acquire_within(store: RunStore, thread_id: str, owner: str, seconds: float) -> RunLease | None:
@@ -130,7 +123,7 @@ async def test_the_heartbeat_notices_a_lost_lease_and_ensure_owned_then_fails_fa
     new = await _acquire_within(store, "b-1", "agent-b", seconds=3)
     assert new is not None
 
-    with caplog.at_level(logging.WARNING, logger="recovery.leases"):
+    with caplog.at_level(logging.WARNING, logger="runs.leases"):
         async with old.keep_alive(interval=0.05):
             for _ in range(150):  # up to ~3 s; the first renewal already fails
                 if old.lost:
@@ -342,7 +335,7 @@ async def test_the_heartbeat_survives_redis_errors_and_renews_once_redis_is_back
     lease = await store.create("b-1", "booking", {}, "agent-a")
     assert lease is not None
 
-    with caplog.at_level(logging.WARNING, logger="recovery.leases"):
+    with caplog.at_level(logging.WARNING, logger="runs.leases"):
         async with lease.keep_alive(interval=0.1):
             proxy.cut()
             await asyncio.sleep(0.6)

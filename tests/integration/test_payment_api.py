@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infra.providers import hotel_api, payment_api
+from providers import hotel_api, payment_api
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from infra.http import create_http_client
-from infra.providers import (
+from infra.clients import (
     HotelApiClient,
     IdempotencyMismatchError,
     InvalidProviderRequestError,
@@ -24,10 +23,10 @@ from infra.providers import (
     ProviderNotFoundError,
     ProviderRejectedError,
     ProviderUnavailableError,
-    hotel_api,
-    payment_api,
 )
-from infra.providers.inventory import HOTELS
+from infra.http import create_http_client
+from providers import hotel_api, payment_api
+from providers.inventory import HOTELS
 from resilience import BudgetExhaustedError, NonRetryableError, budget_scope
 from tests.conftest import free_port
 from tests.procs import serve_in_process

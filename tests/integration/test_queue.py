@@ -9,16 +9,8 @@ import time
 import pytest
 
 from infra.redis import create_redis
-from recovery import (
-    AckOutcome,
-    DeadLetterQueue,
-    EnqueueOutcome,
-    QueueConfig,
-    QueueGuard,
-    RecoveryQueue,
-    RunStatus,
-    RunStore,
-)
+from recovery import AckOutcome, DeadLetterQueue, EnqueueOutcome, QueueConfig, QueueGuard, RecoveryQueue
+from runs import RunStatus, RunStore
 
 
 def make(redis, **config: object) -> tuple[DeadLetterQueue, QueueGuard, RecoveryQueue]:

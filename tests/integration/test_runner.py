@@ -9,8 +9,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 from redis.asyncio import Redis
 
-from recovery.leases import RunRecord, RunStatus, RunStore
-from recovery.runner import RunOutcome, RunResult, execute_run
+from runs.leases import RunRecord, RunStatus, RunStore
+from runs.runner import RunOutcome, RunResult, execute_run
 
 
 class State(TypedDict, total=False):

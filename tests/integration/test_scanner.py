@@ -7,17 +7,8 @@ import contextlib
 import logging
 
 from infra.redis import create_redis
-from recovery import (
-    DeadLetterQueue,
-    EnqueueOutcome,
-    OrphanScanner,
-    QueueConfig,
-    QueueGuard,
-    RecoveryQueue,
-    RunLease,
-    RunStatus,
-    RunStore,
-)
+from recovery import DeadLetterQueue, EnqueueOutcome, OrphanScanner, QueueConfig, QueueGuard, RecoveryQueue
+from runs import RunLease, RunStatus, RunStore
 
 TTL = 0.2
 

@@ -166,13 +166,13 @@ async def test_open_circuit_is_503_with_retry_after(client: httpx.AsyncClient) -
     response = await client.get("/fail/circuit")
     assert response.status_code == 503
     assert response.headers["retry-after"] == "3"
-    assert response.json()["error"]["code"] == "circuit_open"
+    assert response.json()["error"]["code"] == "provider_unavailable"  # the error table's one answer
     assert response.json()["error"]["circuit"] == "hotel_api"
 
 
 @pytest.mark.parametrize(
     ("kind", "status", "code"),
-    [("bulkhead-full", 503, "unavailable"), ("bulkhead-timeout", 504, "timeout"), ("budget", 504, "timeout")],
+    [("bulkhead-full", 503, "bulkhead_full"), ("bulkhead-timeout", 504, "timeout"), ("budget", 504, "timeout")],
 )
 async def test_resilience_errors_map_to_503_and_504(
     client: httpx.AsyncClient, kind: str, status: int, code: str

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 
 from infra.settings import get_settings
-from infra.stack.book import booking_body, steps_between
-from infra.stack.cli import main
-from infra.stack.down import stop_stack
-from infra.stack.errors import StackNotRunningError, UsageError
-from infra.stack.layout import parse_assignments, plan_instances, select_instances
-from infra.stack.logstream import LogStreamer
-from infra.stack.ops import fault_body
-from infra.stack.services import SERVICES, UnknownServiceError
-from infra.stack.state import InstanceState, RedisState, StackPaths, StackState, pid_alive, read_state, write_state
-from infra.stack.status import StackReport, render_report
-from infra.stack.supervisor import RestartPolicy, describe_exit
+from stack.book import booking_body, steps_between
+from stack.cli import main
+from stack.down import stop_stack
+from stack.errors import StackNotRunningError, UsageError
+from stack.layout import parse_assignments, plan_instances, select_instances
+from stack.logstream import LogStreamer
+from stack.ops import fault_body
+from stack.services import SERVICES, UnknownServiceError
+from stack.state import InstanceState, RedisState, StackPaths, StackState, pid_alive, read_state, write_state
+from stack.status import StackReport, render_report
+from stack.supervisor import RestartPolicy, describe_exit
 
 
 @pytest.fixture

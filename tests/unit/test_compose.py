@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from infra.stack.services import SERVICES
+from stack.services import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"

@@ -41,6 +41,6 @@ def test_all_edits_together_leave_code_that_compiles(layer_costs: ModuleType, tm
 
 
 def test_an_edit_that_no_longer_matches_stops_the_bench_naming_it(layer_costs: ModuleType, tmp_path: Path) -> None:
-    stale = layer_costs.Edit("graph/nodes.py", "text that is not in the code\n", "")
-    with pytest.raises(SystemExit, match=r"graph/nodes\.py: the text this variant replaces is found 0 times"):
+    stale = layer_costs.Edit("graph/idempotency.py", "text that is not in the code\n", "")
+    with pytest.raises(SystemExit, match=r"graph/idempotency\.py: the text this variant replaces is found 0 times"):
         layer_costs.make_tree(tmp_path, (stale,))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.dependencies.models import Dependant
 
-from infra.stack.services import SERVICES
+from stack.services import SERVICES
 
 
 def _app(import_string: str) -> Any:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from graph.search import InvalidSearchError, rank_offers, validate_stay
+from domain.booking import InvalidStayError, validate_stay
+from graph.search import rank_offers
 
 
 def offer(hotel_id: str, price: float, stars: int = 3, rooms: int = 5) -> dict[str, object]:
@@ -33,7 +34,7 @@ def test_full_hotels_requested_hotel_and_price_ceiling_filter() -> None:
     ],
 )
 def test_invalid_stays_name_the_field(checkin: str, checkout: str, guests: int, field: str) -> None:
-    with pytest.raises(InvalidSearchError, match=f"^{field}:"):
+    with pytest.raises(InvalidStayError, match=f"^{field}:"):
         validate_stay(checkin, checkout, guests)
 
 

@@ -3,7 +3,7 @@
 import asyncio
 import contextlib
 
-from graph.nodes import _stop_background
+from graph.idempotency import _stop_background
 
 
 async def test_a_renewal_that_swallows_its_cancellation_still_stops() -> None:

@@ -1,0 +1,274 @@
+"""recovery-worker: the service that finds orphaned booking runs and finishes them (``concierge serve
+recovery-worker``, port 8020).
+
+One process runs two loops next to the service shell's routes:
+
+- the ``OrphanScanner`` (every ``ORPHAN_SCAN_INTERVAL``) queues runs whose lease expired;
+- the ``RecoveryConsumer`` takes them, up to 3 at a time (bulkhead ``recovery_worker``), and resumes each from its
+  checkpoint with a fresh ``BOOKING_BUDGET_S`` (see ``recovery.consumer`` for the whole decision).
+
+Any number of workers may run side by side: the scanner's claims, the queue's deliveries and the fenced leases keep
+every run with exactly one of them.
+
+Routes added to the shell's: ``GET /health/queue`` (queue figures, shared by every replica, plus the runs this
+worker is resuming) and the same figures as Prometheus gauges in ``/metrics``, read from Redis when scraped.
+``/health/ready`` checks Redis and the checkpointer.
+
+SIGTERM: uvicorn finishes open requests, then the lifespan stops the scanner, stops taking, hands the runs in hand
+back at their next step boundary (lease released, re-enqueued at once) and cancels whatever still runs after
+``DRAIN_S`` (which hands it back too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from langgraph.graph.state import CompiledStateGraph
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from graph.booking import build_booking_graph, open_booking_deps
+from infra.bookings import BookingStore
+from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.service import create_service_app, error_body
+from infra.settings import get_settings
+from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer
+from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
+from recovery.scanner import OrphanScanner
+from runs.errors import RunError
+from runs.leases import RunRecord, RunStore
+
+__all__ = [
+    "BOOKING_GRAPH",
+    "DRAIN_S",
+    "QUEUE_HEALTH_FIELDS",
+    "SERVICE",
+    "RecoveryWorker",
+    "app",
+    "booking_recovery",
+    "install_queue_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "recovery-worker"
+BOOKING_GRAPH = "booking"
+"""``RunRecord.graph`` of booking runs (what booking-agent records)."""
+DRAIN_S = 10.0
+"""How long a stopping worker lets its runs reach a step boundary before cancelling them."""
+QUEUE_HEALTH_FIELDS = (
+    "depth",
+    "max_size",
+    "dlq_depth",
+    "oldest_age_s",
+    "in_flight",
+    "recovered_total",
+    "dead_lettered_total",
+)
+# A scrape must not hang on Redis: past this, /metrics goes out without the queue figures.
+_SCRAPE_REFRESH_TIMEOUT_S = 1.0
+
+
+def booking_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: BookingStore) -> RecoverableGraph:
+    """How the consumer resumes booking runs: recreate a missing booking record, give up into compensation."""
+
+    async def prepare(record: RunRecord) -> None:
+        # booking-agent writes the run record first: if it died before the booking record, the run input has it all
+        if await bookings.get(record.thread_id) is None and await bookings.create(record.thread_id, record.input):
+            logger.warning(
+                "booking %s had no record (its agent died right after accepting it); recreated", record.thread_id
+            )
+
+    def give_up_update(state: Mapping[str, Any], last_error: str) -> dict[str, Any]:
+        update: dict[str, Any] = {
+            "error": {"code": "provider_unavailable", "message": f"recovery gave up: {last_error}"},
+        }
+        if state.get("reservation_id") and not state.get("payment_id"):
+            # the charge step may have run without its checkpoint: refund by reference (a no-op if nothing was taken)
+            update["charge_attempted"] = True
+        return update
+
+    return RecoverableGraph(graph=graph, give_up_update=give_up_update, prepare=prepare)
+
+
+class RecoveryWorker:
+    """The scanner and the consumer of one process, started and stopped together."""
+
+    def __init__(self, *, scanner: OrphanScanner, consumer: RecoveryConsumer) -> None:
+        self.scanner = scanner
+        self.consumer = consumer
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def for_graphs(
+        cls,
+        redis: Redis,
+        graphs: Mapping[str, RecoverableGraph],
+        *,
+        consumer_id: str,
+        config: ConsumerConfig | None = None,
+    ) -> RecoveryWorker:
+        """Wire store, queue, guard, scanner and consumer from the settings."""
+        dlq = DeadLetterQueue(redis)
+        guard = QueueGuard(redis, dlq)
+        queue = RecoveryQueue(redis, dlq)
+        runs = RunStore(redis)
+        consumer = RecoveryConsumer(
+            runs=runs, queue=queue, guard=guard, graphs=graphs, consumer_id=consumer_id, config=config
+        )
+        return cls(scanner=OrphanScanner(redis, runs, guard), consumer=consumer)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.scanner.run(), name="orphan-scanner"),
+            asyncio.create_task(self.consumer.run(), name="recovery-consumer"),
+        ]
+
+    async def stop(self, grace: float = DRAIN_S) -> None:
+        """Stop scanning and taking; hand back (or finish) the runs in hand within ``grace``."""
+        scanner_task, consumer_task = self._tasks or (None, None)
+        if scanner_task is not None:
+            scanner_task.cancel()
+        await self.consumer.stop(grace)
+        if consumer_task is not None:
+            # the take loop notices the stop within one take (take_wait); a hung Redis call is cancelled instead
+            _done, pending = await asyncio.wait({consumer_task}, timeout=self.consumer.config.take_wait + 2)
+            for task in pending:
+                task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+
+    async def queue_health(self) -> dict[str, int | float]:
+        """``GET /health/queue``: the queue's figures (shared by every worker) and this worker's runs in hand.
+
+        ``in_flight`` counts deliveries taken but not yet acked; this consumer acks as soon as it holds the run's
+        lease, so the runs being resumed are ``recovering`` (this worker only).
+        """
+        stats = await self.consumer.queue.stats()
+        health: dict[str, int | float] = {name: stats[name] for name in QUEUE_HEALTH_FIELDS}
+        health["recovering"] = self.consumer.in_flight
+        return health
+
+
+# --------------------------------------------------------------------------------------------------- metrics
+
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("depth", "concierge_recovery_queue_depth", "Runs waiting in the recovery queue"),
+    ("max_size", "concierge_recovery_queue_max_size", "Cap on waiting runs (RECOVERY_QUEUE_MAX_SIZE)"),
+    ("dlq_depth", "concierge_recovery_dlq_depth", "Runs in the dead-letter queue"),
+    ("oldest_age_s", "concierge_recovery_queue_oldest_age_seconds", "Age of the oldest waiting run"),
+    ("in_flight", "concierge_recovery_queue_in_flight", "Deliveries taken and not yet acked"),
+    ("recovered_total", "concierge_recovery_recovered_total", "Runs taken over by a recovery consumer (all workers)"),
+    ("dead_lettered_total", "concierge_recovery_dead_lettered_total", "Runs sent to the DLQ (all workers)"),
+    ("recovering", "concierge_recovery_recovering", "Runs this worker is resuming now"),
+)
+
+
+class QueueGauges(Collector):
+    """The ``/health/queue`` figures as gauges. Collecting is synchronous, so the figures are refreshed (from Redis)
+    by the ``/metrics`` request just before it collects; a failed refresh leaves them out rather than stale."""
+
+    def __init__(self) -> None:
+        self.latest: Mapping[str, int | float] = {}
+
+    def collect(self) -> Iterable[Metric]:
+        latest = self.latest
+        families = []
+        for field, name, help_text in _GAUGES:
+            if field in latest:
+                family = GaugeMetricFamily(name, help_text)
+                family.add_metric([], float(latest[field]))
+                families.append(family)
+        return families
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+
+_gauges_by_registry: dict[int, tuple[CollectorRegistry, QueueGauges]] = {}
+
+
+def install_queue_metrics(registry: CollectorRegistry | None = None) -> QueueGauges:
+    """Register the queue gauges once per registry (default: the global one ``/metrics`` serves)."""
+    registry = REGISTRY if registry is None else registry
+    installed = _gauges_by_registry.get(id(registry))
+    if installed is not None:
+        return installed[1]
+    gauges = QueueGauges()
+    registry.register(gauges)
+    _gauges_by_registry[id(registry)] = (registry, gauges)
+    return gauges
+
+
+class RefreshQueueGaugesOnScrape:
+    """Pure ASGI: before ``GET /metrics`` is served, read the queue figures into the gauges."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") == "/metrics":
+            worker: RecoveryWorker | None = getattr(scope["app"].state, "recovery", None)
+            latest: Mapping[str, int | float] = {}
+            if worker is not None:
+                try:
+                    async with asyncio.timeout(_SCRAPE_REFRESH_TIMEOUT_S):
+                        latest = await worker.queue_health()
+                except Exception as exc:
+                    logger.warning("queue figures unavailable for /metrics: %s", exc)
+            install_queue_metrics().latest = latest
+        await self.app(scope, receive, send)
+
+
+# --------------------------------------------------------------------------------------------------- the app
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = get_settings()
+    redis: Redis = app.state.redis
+    instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+    async with open_checkpointer() as saver, open_booking_deps(redis) as deps:
+        app.state.checkpointer = saver
+        graph = build_booking_graph(deps, saver)
+        worker = RecoveryWorker.for_graphs(
+            redis, {BOOKING_GRAPH: booking_recovery(graph, deps.bookings)}, consumer_id=instance
+        )
+        app.state.recovery = worker
+        install_queue_metrics()
+        worker.start()
+        logger.info("recovery worker %s scanning every %.2fs", instance, worker.scanner.interval)
+        try:
+            yield
+        finally:
+            await worker.stop()
+
+
+async def _checkpointer_ready() -> None:
+    await checkpointer_ready(app.state.checkpointer)
+
+
+app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
+app.add_middleware(RefreshQueueGaugesOnScrape)
+
+
+@app.get("/health/queue", tags=["health"], response_model=None)
+async def queue_health(request: Request) -> dict[str, int | float] | JSONResponse:
+    worker: RecoveryWorker = request.app.state.recovery
+    try:
+        return await worker.queue_health()
+    except RunError as exc:
+        return JSONResponse(error_body("unavailable", str(exc)), status_code=503)

@@ -1,0 +1,196 @@
+"""A booking's vocabulary, in one place: the stay rules, the booking statuses and the error codes.
+
+Every floor speaks it: the booking API and the CLI validate with it, the search and booking graphs check stays
+with it, the simulated hotel-api prices stays with it, and the error table (``infra.error_table``) answers in its
+codes. Standard library only, so anything may import it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, timedelta
+from enum import StrEnum
+from typing import Final
+
+__all__ = [
+    "FINAL_BOOKING_STATUSES",
+    "GUESTS_PER_ROOM",
+    "ISO_DATE_PATTERN",
+    "MAX_GUESTS",
+    "MAX_NIGHTS",
+    "MIN_GUESTS",
+    "PROGRESS",
+    "BookingStatus",
+    "ErrorCode",
+    "InvalidStayError",
+    "check_guests",
+    "check_nights",
+    "nights_between",
+    "parse_iso_date",
+    "rooms_for",
+    "validate_stay",
+]
+
+# ------------------------------------------------------------------------------------------------- stay rules
+
+MAX_NIGHTS: Final = 30
+MIN_GUESTS: Final = 1
+MAX_GUESTS: Final = 8
+GUESTS_PER_ROOM: Final = 2
+"""Rooms are for two: a party of ``guests`` takes ``ceil(guests / 2)`` rooms every night."""
+ISO_DATE_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}$"
+"""Dates are written ``YYYY-MM-DD`` and nothing else: no timestamps, no datetimes."""
+_ISO_DATE = re.compile(ISO_DATE_PATTERN)
+
+
+class InvalidStayError(ValueError):
+    """A stay that breaks a rule; ``field`` names the request field to blame (``checkin``, ``checkout``...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def parse_iso_date(value: object) -> date:
+    """Strict ``YYYY-MM-DD`` (``ValueError`` otherwise; pydantic's ``date`` would also take Unix timestamps)."""
+    if isinstance(value, date):
+        return value
+    if not isinstance(value, str) or not _ISO_DATE.match(value):
+        raise ValueError("must be a date written YYYY-MM-DD")
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not a calendar date (YYYY-MM-DD)") from None
+
+
+def rooms_for(guests: int) -> int:
+    return -(-guests // GUESTS_PER_ROOM)
+
+
+def nights_between(checkin: date, checkout: date) -> list[date]:
+    """Every night of the stay: checkin up to, not including, checkout."""
+    return [checkin + timedelta(days=i) for i in range((checkout - checkin).days)]
+
+
+def check_nights(checkin: date, checkout: date) -> int:
+    """The number of nights, or ``ValueError`` (for the ``checkout`` field) when the stay is empty or too long."""
+    nights = (checkout - checkin).days
+    if nights < 1:
+        raise ValueError("must be after checkin")
+    if nights > MAX_NIGHTS:
+        raise ValueError(f"a stay is at most {MAX_NIGHTS} nights")
+    return nights
+
+
+def check_guests(guests: object) -> int:
+    """``guests`` as an int, or ``ValueError`` when it is not a whole number in range (booleans are not numbers)."""
+    if not isinstance(guests, int) or isinstance(guests, bool) or not MIN_GUESTS <= guests <= MAX_GUESTS:
+        raise ValueError(f"must be an integer from {MIN_GUESTS} to {MAX_GUESTS}, got {guests!r}")
+    return guests
+
+
+def validate_stay(checkin: object, checkout: object, guests: object) -> int:
+    """The nights of a stay; ``InvalidStayError`` naming the first field that breaks a rule."""
+    try:
+        start = parse_iso_date(checkin)
+    except ValueError as exc:
+        raise InvalidStayError("checkin", f"{exc}: {checkin!r}") from None
+    try:
+        end = parse_iso_date(checkout)
+    except ValueError as exc:
+        raise InvalidStayError("checkout", f"{exc}: {checkout!r}") from None
+    try:
+        nights = check_nights(start, end)
+    except ValueError as exc:
+        raise InvalidStayError("checkout", str(exc)) from None
+    try:
+        check_guests(guests)
+    except ValueError as exc:
+        raise InvalidStayError("guests", str(exc)) from None
+    return nights
+
+
+# ---------------------------------------------------------------------------------------------------- statuses
+
+
+class BookingStatus(StrEnum):
+    """Where a booking is, as ``GET /bookings/{id}`` shows it. Not the run's status (``runs.RunStatus``)."""
+
+    PENDING = "pending"
+    SEARCHING = "searching"
+    RESERVING = "reserving"
+    PAYING = "paying"
+    CONFIRMING = "confirming"
+    CONFIRMED = "confirmed"
+    FAILED = "failed"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_BOOKING_STATUSES
+
+
+FINAL_BOOKING_STATUSES: Final = frozenset({BookingStatus.CONFIRMED, BookingStatus.FAILED})
+PROGRESS: Final = (
+    BookingStatus.PENDING,
+    BookingStatus.SEARCHING,
+    BookingStatus.RESERVING,
+    BookingStatus.PAYING,
+    BookingStatus.CONFIRMING,
+    BookingStatus.CONFIRMED,
+)
+"""The happy path, in order: a booking only moves forward along it (or to ``failed``)."""
+
+
+# ------------------------------------------------------------------------------------------------- error codes
+
+
+class ErrorCode(StrEnum):
+    """Every code an error answer carries (HTTP bodies, A2A skill errors, a failed booking's ``error.code``).
+
+    Which exception gets which code is decided once, in ``infra.error_table``; each code has one HTTP status.
+    """
+
+    INVALID_REQUEST = "invalid_request"
+    """The request breaks a rule; the message names the field."""
+    UNKNOWN_SKILL = "unknown_skill"
+    REJECTED = "rejected"
+    """Refused for a reason the refusing side did not name."""
+    NO_AVAILABILITY = "no_availability"
+    PAYMENT_DECLINED = "payment_declined"
+    TIMEOUT = "timeout"
+    """The time budget ran out (or a wait for capacity outlasted it)."""
+    PROVIDER_UNAVAILABLE = "provider_unavailable"
+    """A dependency (a provider or a peer agent) failed, or its circuit is open."""
+    BULKHEAD_FULL = "bulkhead_full"
+    """This service is at capacity; try again shortly."""
+    UNAVAILABLE = "unavailable"
+    """This service cannot serve right now (its own store or a resilience limit)."""
+    INVALID_BUDGET = "invalid_budget"
+    INVALID_HEADER = "invalid_header"
+    BODY_TOO_LARGE = "body_too_large"
+    UNAUTHORIZED = "unauthorized"
+    INTERNAL = "internal"
+    """A bug or an unexpected failure: logged with its traceback, never sent."""
+
+    @property
+    def http_status(self) -> int:
+        return _HTTP_STATUS[self]
+
+
+_HTTP_STATUS: Final = {
+    ErrorCode.INVALID_REQUEST: 422,
+    ErrorCode.UNKNOWN_SKILL: 404,
+    ErrorCode.REJECTED: 422,
+    ErrorCode.NO_AVAILABILITY: 409,
+    ErrorCode.PAYMENT_DECLINED: 402,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.PROVIDER_UNAVAILABLE: 503,
+    ErrorCode.BULKHEAD_FULL: 503,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.INVALID_BUDGET: 400,
+    ErrorCode.INVALID_HEADER: 400,
+    ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.INTERNAL: 500,
+}

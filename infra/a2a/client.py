@@ -1,0 +1,202 @@
+"""The A2A client side: ``A2AClient(base_url)`` calls one peer agent's skills.
+
+One pooled ``infra.http.create_http_client(base_url, with_token=True)`` (budget, ``traceparent`` and token headers
+on every request) under the SDK's ``JsonRpcTransport``; the whole call is bounded by the remaining budget too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, NoReturn, Self
+
+import httpx
+from a2a.client.errors import A2AClientError, A2AClientTimeoutError
+from a2a.client.transports.jsonrpc import JsonRpcTransport
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    SendMessageResponse,
+    TaskState,
+)
+from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, VERSION_HEADER
+from a2a.utils.errors import A2AError as SdkA2AError
+from a2a.utils.errors import InternalError as SdkInternalError
+from a2a.utils.errors import InvalidAgentResponseError as SdkInvalidAgentResponseError
+from opentelemetry import trace
+
+from infra.a2a.errors import (
+    A2AProtocolError,
+    A2ASkillError,
+    A2ATimeoutError,
+    A2AUnauthorizedError,
+    A2AUnavailableError,
+)
+from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH, data_part, first_data
+from infra.http import create_http_client
+from resilience.budget import remaining_budget
+from resilience.errors import (
+    BudgetExhaustedError,
+)
+
+_tracer = trace.get_tracer("concierge.a2a")
+
+
+class A2AClient:
+    """Calls one peer agent's skills. One instance per peer, shared by all requests (it pools connections)."""
+
+    def __init__(self, base_url: str, *, http: httpx.AsyncClient | None = None) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._owns_http = http is None
+        self._http = http if http is not None else create_http_client(self._base_url, with_token=True)
+        self._http.headers.setdefault(VERSION_HEADER, PROTOCOL_VERSION_CURRENT)
+        # Talking to the transport directly skips a card fetch per peer and the client's interceptor chain;
+        # the endpoint path is fixed by our contract, not discovered.
+        self._transport = JsonRpcTransport(
+            self._http, AgentCard(name=self._base_url), f"{self._base_url}{A2A_PATH}", is_shared_httpx=True
+        )
+        self._configuration = SendMessageConfiguration(history_length=0)
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+        """Run ``skill`` on the peer with ``data`` as its input; the result dict, or an ``A2AError``."""
+        request = SendMessageRequest(
+            message=Message(
+                role=Role.ROLE_USER,
+                message_id=uuid.uuid4().hex,
+                parts=[data_part({"skill": skill, "input": data})],
+            ),
+            configuration=self._configuration,
+        )
+        with _tracer.start_as_current_span(
+            f"a2a.call {skill}",
+            kind=trace.SpanKind.CLIENT,
+            attributes={"a2a.skill": skill, "a2a.peer": self._base_url},
+        ):
+            response = await self._send(skill, request)
+            return _result_of(skill, response)
+
+    async def _send(self, skill: str, request: SendMessageRequest) -> SendMessageResponse:
+        # httpx's timeout is per phase (connect, write, read); this bounds the whole call by the budget.
+        scope = asyncio.timeout(remaining_budget())
+        try:
+            async with scope:
+                return await self._transport.send_message(request)
+        except TimeoutError as exc:
+            if isinstance(exc, BudgetExhaustedError) or scope.expired():
+                raise A2ATimeoutError(f"{skill} on {self._base_url}: {exc or 'budget exhausted'}") from exc
+            raise A2AUnavailableError(f"{skill} on {self._base_url}: {exc!r}") from exc
+        except A2AClientTimeoutError as exc:
+            raise A2ATimeoutError(f"{skill} on {self._base_url}: no answer within the budget") from exc
+        except SdkA2AError as exc:
+            _raise_transport_error(f"{skill} on {self._base_url}", exc)
+        except httpx.HTTPError as exc:
+            raise A2AUnavailableError(f"{skill} on {self._base_url}: {exc!r}") from exc
+
+    async def agent_card(self) -> dict[str, Any]:
+        """The peer's agent card as served (JSON)."""
+        where = f"agent card of {self._base_url}"
+        try:
+            response = await self._http.get(f"{self._base_url}{AGENT_CARD_PATH}")
+            response.raise_for_status()
+            card = response.json()
+        except BudgetExhaustedError as exc:
+            raise A2ATimeoutError(f"{where}: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            raise A2ATimeoutError(f"{where}: no answer within the budget") from exc
+        except httpx.HTTPStatusError as exc:
+            _raise_for_status(where, exc.response, exc)
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            raise A2AUnavailableError(f"{where}: {exc!r}") from exc
+        if not isinstance(card, dict):
+            raise A2AProtocolError(f"{where}: expected a JSON object")
+        return card
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def _raise_for_status(where: str, response: httpx.Response, cause: BaseException) -> NoReturn:
+    status = response.status_code
+    detail = _error_detail(response)
+    if status in (401, 403):
+        raise A2AUnauthorizedError(f"{where}: HTTP {status}: {detail}", status_code=status) from cause
+    if status == 429 or status >= 500:
+        raise A2AUnavailableError(f"{where}: HTTP {status}: {detail}", code=f"http_{status}") from cause
+    raise A2AProtocolError(f"{where}: HTTP {status}: {detail}", code=f"http_{status}") from cause
+
+
+def _error_detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, httpx.ResponseNotRead):
+        return response.reason_phrase
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])
+    return str(body)[:200]
+
+
+def _raise_transport_error(where: str, exc: SdkA2AError) -> NoReturn:
+    cause = exc.__cause__
+    if isinstance(cause, httpx.HTTPStatusError):
+        _raise_for_status(where, cause.response, exc)
+    if isinstance(exc, A2AClientError | SdkInternalError | SdkInvalidAgentResponseError):
+        # connection refused/reset, unreadable or non-JSON-RPC replies, a crash inside the peer's A2A stack
+        raise A2AUnavailableError(f"{where}: {exc}") from exc
+    raise A2AProtocolError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _result_of(skill: str, response: SendMessageResponse) -> dict[str, Any]:
+    if response.HasField("message"):
+        parts: Sequence[Part] = response.message.parts
+        result = first_data(parts)
+    elif response.HasField("task"):
+        task = response.task
+        state = task.status.state
+        if state in (TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_REJECTED):
+            _raise_remote(skill, first_data(task.status.message.parts))
+        if state == TaskState.TASK_STATE_CANCELED:
+            raise A2AUnavailableError(f"{skill}: the peer canceled the task", code="canceled")
+        if state != TaskState.TASK_STATE_COMPLETED:
+            raise A2AProtocolError(f"{skill}: task ended in unexpected state {TaskState.Name(state)}")
+        result = next((r for a in task.artifacts if isinstance(r := first_data(a.parts), dict)), None)
+    else:
+        raise A2AProtocolError(f"{skill}: the reply holds neither a task nor a message")
+    if not isinstance(result, dict):
+        raise A2AProtocolError(f"{skill}: the reply has no data part with a result object")
+    return result
+
+
+def _raise_remote(skill: str, payload: Any) -> NoReturn:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(error, dict):
+        raise A2AUnavailableError(f"{skill}: the peer failed without saying why", code="internal")
+    code = str(error.get("code") or "internal")
+    message = str(error.get("message") or code)
+    kind = error.get("kind")
+    if kind == "business":
+        data = error.get("data")
+        raise A2ASkillError(code, message, data if isinstance(data, dict) else None)
+    if kind == "timeout":
+        raise A2ATimeoutError(f"{skill}: {message}", code=code)
+    raise A2AUnavailableError(f"{skill}: {message}", code=code)

@@ -1,0 +1,395 @@
+"""The A2A server side: ``mount_a2a`` serves an agent card and JSON-RPC skills on a FastAPI app.
+
+The ``/a2a`` endpoint checks the service token (constant time), starts the budget from ``X-Timeout-Budget`` and
+adopts the caller's ``traceparent`` before the SDK sees the request; a blocking ``SendMessage`` that starts a new
+task runs the skill inline, in the request's own task. Why, and the wire format: ``docs/a2a.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.owner_resolver import resolve_user_scope
+from a2a.server.request_handlers import DefaultRequestHandler, validate_request_params
+from a2a.server.routes import add_a2a_routes_to_fastapi, create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Artifact,
+    HTTPAuthSecurityScheme,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Role,
+    SecurityRequirement,
+    SecurityScheme,
+    SendMessageRequest,
+    StringList,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from a2a.utils.constants import PROTOCOL_VERSION_CURRENT
+from a2a.utils.task import apply_history_length, validate_history_length
+from fastapi import FastAPI
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from domain.booking import ErrorCode
+from infra.a2a.errors import SkillFailure
+from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH, RESULT_ARTIFACT, data_part, error_payload, first_data
+from infra.error_table import answer_for, error_body
+from infra.settings import get_settings
+from resilience import bulkhead_registry
+from resilience.budget import BUDGET_HEADER, budget_scope, parse_budget_header, remaining_budget
+from resilience.errors import (
+    BudgetExhaustedError,
+)
+
+logger = logging.getLogger(__name__)
+_tracer = trace.get_tracer("concierge.a2a")
+
+# The SDK's in-memory store keeps every task forever; a long-lived agent only needs recent ones (callers read the
+# result from the blocking reply). Our tasks are saved once, already terminal, so eviction never hits a live task.
+_TASKS_KEPT = 1000
+
+
+SkillHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Skill:
+    """One skill an agent offers: advertised on its card, served by ``handler(input) -> result``.
+
+    Both ``input`` and the result are JSON-compatible dicts.
+    """
+
+    id: str
+    name: str
+    description: str
+    handler: SkillHandler
+    tags: tuple[str, ...] = ()
+
+
+class _RecentTaskStore(TaskStore):
+    """The SDK's ``InMemoryTaskStore``, forgetting the oldest tasks beyond ``capacity``."""
+
+    def __init__(self, capacity: int = _TASKS_KEPT) -> None:
+        self._inner = InMemoryTaskStore()
+        self._capacity = capacity
+        self._order: OrderedDict[tuple[str, str], ServerCallContext] = OrderedDict()
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        await self._inner.save(task, context)
+        entry = (resolve_user_scope(context), task.id)
+        if entry in self._order:
+            return
+        self._order[entry] = context
+        while len(self._order) > self._capacity:
+            (_, old_id), old_context = self._order.popitem(last=False)
+            await self._inner.delete(old_id, old_context)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        return await self._inner.get(task_id, context)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        return await self._inner.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        self._order.pop((resolve_user_scope(context), task_id), None)
+        await self._inner.delete(task_id, context)
+
+
+class _SkillExecutor(AgentExecutor):
+    """Runs one skill per request and answers with a single terminal ``Task``."""
+
+    def __init__(self, skills: Mapping[str, Skill], bulkhead: str) -> None:
+        self._skills = skills
+        self._bulkhead = bulkhead
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = context.task_id or uuid.uuid4().hex
+        context_id = context.context_id or uuid.uuid4().hex
+        # A non-blocking caller gets its answer from the first task event: say at once that the work has started.
+        # The SDK takes a Task only as the first event; the outcome follows as update events.
+        await event_queue.enqueue_event(
+            Task(id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_WORKING))
+        )
+        outcome = await self.run_task(context.message, task_id, context_id)
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        for artifact in outcome.artifacts:
+            await updater.add_artifact(list(artifact.parts), artifact_id=artifact.artifact_id, name=artifact.name)
+        status = outcome.status
+        await updater.update_status(status.state, status.message if status.HasField("message") else None)
+
+    async def run_task(self, message: Message | None, task_id: str, context_id: str) -> Task:
+        """The skill named in ``message``, run to its terminal ``Task`` (completed or failed, never raising)."""
+        try:
+            result = await self._run(message)
+            return _completed_task(task_id, context_id, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return _failed_task(task_id, context_id, self._describe(exc))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        # Cancelling the producer cancels ``execute`` (and so the handler); the SDK then records CANCELED.
+        return None
+
+    def _parse(self, message: Message | None) -> tuple[Skill, dict[str, Any]]:
+        request = first_data(message.parts) if message is not None else None
+        if not isinstance(request, dict) or not isinstance(request.get("skill"), str):
+            raise SkillFailure("invalid_request", 'expected a data part {"skill": "<id>", "input": {...}}')
+        skill = self._skills.get(request["skill"])
+        if skill is None:
+            raise SkillFailure(
+                "unknown_skill", f"unknown skill {request['skill']!r}; this agent offers {sorted(self._skills)}"
+            )
+        payload = request.get("input", {})
+        if not isinstance(payload, dict):
+            raise SkillFailure("invalid_request", f"input of skill {skill.id!r} must be an object")
+        return skill, payload
+
+    async def _run(self, message: Message | None) -> dict[str, Any]:
+        skill, payload = self._parse(message)
+        remaining = remaining_budget()
+        with _tracer.start_as_current_span(
+            f"a2a.skill {skill.id}", attributes={"a2a.skill": skill.id, "concierge.budget_s": remaining}
+        ):
+            if remaining <= 0:
+                raise BudgetExhaustedError(f"no budget left to run skill {skill.id!r}")
+            # The bulkhead also bounds the call by the budget; this scope makes the guarantee ours to keep.
+            scope = asyncio.timeout(remaining)
+            try:
+                async with scope:
+                    result = await bulkhead_registry.get(self._bulkhead).run(skill.handler, payload)
+            except TimeoutError as exc:
+                if not scope.expired():
+                    raise
+                raise BudgetExhaustedError(f"skill {skill.id!r} ran out of its {remaining:.3f}s budget") from exc
+        if not isinstance(result, dict):
+            raise TypeError(f"skill {skill.id!r} returned {type(result).__name__}, expected a dict")
+        return result
+
+    def _describe(self, exc: Exception) -> dict[str, Any]:
+        answer = answer_for(exc)
+        if answer.code == ErrorCode.INTERNAL:
+            logger.error("A2A skill failed with an unexpected error", exc_info=exc)
+            return error_payload("unavailable", answer.code, f"internal error: {type(exc).__name__}: {exc}")
+        if answer.code == ErrorCode.TIMEOUT:
+            return error_payload("timeout", answer.code, answer.message)
+        if answer.retryable:
+            return error_payload("unavailable", answer.code, answer.message)
+        data = getattr(exc, "data", None)
+        return error_payload("business", answer.code, answer.message, data if isinstance(data, dict) else None)
+
+
+class _SkillRequestHandler(DefaultRequestHandler):
+    """The SDK's request handler, serving the one request our agents exchange without its task machinery.
+
+    A blocking ``SendMessage`` that starts a new task (every call ``A2AClient`` makes) runs the skill right here, in
+    the request's own asyncio task, and answers with the terminal ``Task``, which is also saved so ``GetTask``
+    finds it. The SDK's generic path would run the executor in a producer task, pass its events through queues to a
+    consumer task and aggregate them: about 5 ms of CPU per call on these machines for the same single event
+    (measured: ``bench/a2a_overhead.py``). Everything else (non-blocking sends, messages continuing a task, push
+    configuration, streaming, get/list/cancel) goes to the SDK unchanged. The SDK still parses, validates and
+    routes the JSON-RPC request and serialises the reply.
+
+    A task served inline cannot be cancelled with ``CancelTask`` (it is not in the SDK's registry): like the rest
+    of the call, it ends when its budget does.
+    """
+
+    def __init__(self, executor: _SkillExecutor, task_store: TaskStore, agent_card: AgentCard) -> None:
+        super().__init__(agent_executor=executor, task_store=task_store, agent_card=agent_card)
+        self._skills = executor
+        self._store = task_store
+
+    @validate_request_params
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
+        config = params.configuration
+        if params.message.task_id or config.return_immediately or config.HasField("task_push_notification_config"):
+            return await super().on_message_send(params, context)
+        validate_history_length(config)
+        task = await self._skills.run_task(
+            params.message, uuid.uuid4().hex, params.message.context_id or uuid.uuid4().hex
+        )
+        await self._store.save(task, context)
+        return apply_history_length(task, config)
+
+
+def _now_status(state: TaskState, message: Message | None = None) -> TaskStatus:
+    status = TaskStatus(state=state, message=message)
+    status.timestamp.FromDatetime(datetime.now(UTC))
+    return status
+
+
+def _completed_task(task_id: str, context_id: str, result: dict[str, Any]) -> Task:
+    artifact = Artifact(artifact_id=uuid.uuid4().hex, name=RESULT_ARTIFACT, parts=[data_part(result)])
+    return Task(
+        id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_COMPLETED), artifacts=[artifact]
+    )
+
+
+def _failed_task(task_id: str, context_id: str, error: dict[str, Any]) -> Task:
+    message = Message(
+        role=Role.ROLE_AGENT,
+        message_id=uuid.uuid4().hex,
+        task_id=task_id,
+        context_id=context_id,
+        parts=[data_part(error)],
+    )
+    return Task(id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_FAILED, message))
+
+
+def _agent_card(name: str, description: str, url: str, skills: Sequence[Skill], version: str) -> AgentCard:
+    json_mode = ["application/json"]
+    return AgentCard(
+        name=name,
+        description=description,
+        version=version,
+        supported_interfaces=[
+            AgentInterface(
+                url=f"{url.rstrip('/')}{A2A_PATH}",
+                protocol_binding="JSONRPC",
+                protocol_version=PROTOCOL_VERSION_CURRENT,
+            )
+        ],
+        capabilities=AgentCapabilities(streaming=False, push_notifications=False),
+        security_schemes={
+            "bearer": SecurityScheme(
+                http_auth_security_scheme=HTTPAuthSecurityScheme(
+                    scheme="bearer", description="Authorization: Bearer <CONCIERGE_SERVICE_TOKEN>"
+                )
+            )
+        },
+        security_requirements=[SecurityRequirement(schemes={"bearer": StringList()})],
+        default_input_modes=json_mode,
+        default_output_modes=json_mode,
+        skills=[
+            AgentSkill(
+                id=s.id,
+                name=s.name,
+                description=s.description,
+                # the spec requires at least one tag
+                tags=list(s.tags) or [s.id],
+                input_modes=json_mode,
+                output_modes=json_mode,
+            )
+            for s in skills
+        ],
+    )
+
+
+def _error_response(code: ErrorCode, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(code, message), status_code=code.http_status, headers=headers)
+
+
+def token_ok(header: str | None) -> bool:
+    """``Authorization`` holds ``Bearer $CONCIERGE_SERVICE_TOKEN`` (constant-time comparison)."""
+    scheme, _, credentials = (header or "").partition(" ")
+    expected = get_settings().service_token.encode()
+    # compare even when the scheme is wrong, so timing says nothing about which part failed
+    same = hmac.compare_digest(credentials.strip().encode("latin-1", "replace"), expected)
+    return same and scheme.lower() == "bearer"
+
+
+def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """Token, budget and trace context around the SDK's JSON-RPC endpoint."""
+
+    async def a2a_endpoint(request: Request) -> Response:
+        if not token_ok(request.headers.get("authorization")):
+            return _error_response(
+                ErrorCode.UNAUTHORIZED, "a valid service token is required", {"WWW-Authenticate": "Bearer"}
+            )
+        settings = get_settings()
+        try:
+            seconds = parse_budget_header(
+                request.headers.get(BUDGET_HEADER), default=settings.default_budget_s, maximum=settings.max_budget_s
+            )
+        except ValueError as exc:
+            return _error_response(ErrorCode.INVALID_BUDGET, str(exc))
+        # An instrumented app already made a server span under the caller's trace; otherwise adopt it here.
+        token = None
+        if not trace.get_current_span().get_span_context().is_valid:
+            token = otel_context.attach(propagate.extract(request.headers))
+        try:
+            with budget_scope(seconds):
+                return await endpoint(request)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+    return a2a_endpoint
+
+
+def _close_on_shutdown(app: FastAPI, handler: DefaultRequestHandler) -> None:
+    original = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
+        async with original(asgi_app) as state:
+            try:
+                yield state
+            finally:
+                # drain the SDK's producer/consumer tasks so shutdown leaves nothing pending
+                await handler.aclose()
+
+    app.router.lifespan_context = lifespan
+
+
+def mount_a2a(
+    app: FastAPI,
+    *,
+    name: str,
+    description: str,
+    url: str,
+    skills: Sequence[Skill],
+    bulkhead: str,
+    version: str = "0.1.0",
+    inline_send: bool = True,
+) -> None:
+    """Serve ``skills`` over A2A on ``app``: card at ``AGENT_CARD_PATH`` (public), JSON-RPC at ``A2A_PATH``.
+
+    ``url`` is the agent's public base URL (advertised on the card); ``bulkhead`` names the
+    ``resilience.bulkhead_registry`` entry every handler runs in. ``inline_send=False`` sends every request through
+    the SDK's generic ``DefaultRequestHandler`` (what ``bench/a2a_overhead.py`` compares against).
+    """
+    by_id = {s.id: s for s in skills}
+    if not by_id:
+        raise ValueError("an A2A agent needs at least one skill")
+    if len(by_id) != len(skills):
+        raise ValueError(f"duplicate skill ids in {[s.id for s in skills]}")
+    card = _agent_card(name, description, url, skills, version)
+    executor = _SkillExecutor(by_id, bulkhead)
+    handler = (
+        _SkillRequestHandler(executor, _RecentTaskStore(), card)
+        if inline_send
+        else DefaultRequestHandler(agent_executor=executor, task_store=_RecentTaskStore(), agent_card=card)
+    )
+    rpc_routes = [
+        Route(route.path, endpoint=_guarded(route.endpoint), methods=["POST"])
+        for route in create_jsonrpc_routes(handler, rpc_url=A2A_PATH)
+        if isinstance(route, Route)
+    ]
+    add_a2a_routes_to_fastapi(
+        app, agent_card_routes=create_agent_card_routes(card, card_url=AGENT_CARD_PATH), jsonrpc_routes=rpc_routes
+    )
+    _close_on_shutdown(app, handler)

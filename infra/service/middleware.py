@@ -1,0 +1,240 @@
+"""The shell's ASGI edge, outer → inner: request metrics → error boundary (500) → timeout budget → body limit.
+
+Pure ASGI rather than ``BaseHTTPMiddleware``: cheaper, and the budget ``ContextVar`` set here is visible to the
+endpoint because everything runs in the request's own task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+from prometheus_client import Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from domain.booking import ErrorCode
+from infra.error_table import error_body
+from infra.settings import get_settings
+from resilience import (
+    BUDGET_HEADER,
+    budget_scope,
+    parse_budget_header,
+)
+
+logger = logging.getLogger("infra.service")  # one logger for the whole shell
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+async def _send_json(send: Send, status: int, body: object, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class _BodyTooLargeError(Exception):
+    """Raised from ``receive`` to stop an app that is still reading a body we already refused."""
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``max_bytes``: by ``Content-Length`` before reading, and by counting streamed bytes.
+
+    A chunked body has no length up front, so the count is kept in ``receive``. Once it passes the limit,
+    ``receive`` raises, whatever the app answers is dropped, and the 413 is sent instead.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            try:
+                length = int(declared)
+            except ValueError:
+                await _send_json(send, 400, error_body(ErrorCode.INVALID_HEADER, "Content-Length is not a number"))
+                return
+            if length > self.max_bytes:
+                await self._refuse(send)
+                return
+
+        received = 0
+        too_large = False
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    too_large = True
+                    raise _BodyTooLargeError
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if too_large and not started:
+                return  # the app's answer to a body we refused
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            if not too_large or started:
+                raise
+        if too_large and not started:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        await _send_json(
+            send,
+            413,
+            error_body(ErrorCode.BODY_TOO_LARGE, f"request body exceeds {self.max_bytes} bytes", limit=self.max_bytes),
+        )
+
+
+class BudgetMiddleware:
+    """Starts the request's timeout budget from ``X-Timeout-Budget`` (400 when it is not a positive number).
+
+    ``budget_scope`` rather than a bare ``init_budget``: the deadline is reset when the request ends, which
+    matters when the app runs in the caller's task (in-process ASGI); there an enclosing deadline also wins.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = get_settings()
+        try:
+            seconds = parse_budget_header(
+                _header(scope, BUDGET_HEADER.lower().encode()),
+                default=settings.default_budget_s,
+                maximum=settings.max_budget_s,
+            )
+        except ValueError as exc:
+            await _send_json(send, 400, error_body(ErrorCode.INVALID_HEADER, str(exc), header=BUDGET_HEADER))
+            return
+        with budget_scope(seconds):
+            await self.app(scope, receive, send)
+
+
+class ErrorBoundaryMiddleware:
+    """Any exception no handler mapped: traceback to the log and the span, ``{"error": {"code": "internal"}}``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            span = trace.get_current_span()
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            if started:
+                raise  # too late for a clean answer; the server drops the connection
+            await _send_json(send, ErrorCode.INTERNAL.http_status, error_body(ErrorCode.INTERNAL))
+
+
+@dataclass(frozen=True)
+class _HttpMetrics:
+    requests: Counter
+    duration: Histogram
+
+
+@lru_cache(maxsize=1)
+def _http_metrics() -> _HttpMetrics:
+    return _HttpMetrics(
+        requests=Counter(
+            "concierge_http_requests",
+            "HTTP requests answered, by route template and status.",
+            ["service", "method", "route", "status"],
+        ),
+        duration=Histogram(
+            "concierge_http_request_duration_seconds",
+            "Time to answer an HTTP request, by route template.",
+            ["service", "method", "route"],
+        ),
+    )
+
+
+def _route_template(scope: Scope) -> str:
+    route = scope.get("route")
+    template = getattr(route, "path_format", None) or getattr(route, "path", None)
+    # The raw path would give every reservation id its own series.
+    return str(template) if template else "<unmatched>"
+
+
+class RequestMetricsMiddleware:
+    """Counts requests and times them by route template (known once the router has run) and status."""
+
+    def __init__(self, app: ASGIApp, service_name: str) -> None:
+        self.app = app
+        self.service_name = service_name
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        metrics = _http_metrics()
+        status = 500
+        start = time.perf_counter()
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            route = _route_template(scope)
+            method = str(scope.get("method", ""))
+            metrics.requests.labels(self.service_name, method, route, str(status)).inc()
+            metrics.duration.labels(self.service_name, method, route).observe(time.perf_counter() - start)

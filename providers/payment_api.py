@@ -1,0 +1,188 @@
+"""payment-api: a simulated card processor (``providers.payment_api:app``). All state lives in Redis.
+
+::
+
+    POST /charges                  {amount, currency, payment_token, reference} → 201 {payment_id,
+                                   status: "captured", ...}; 402 {"error": "card_declined"[, "reason"]}
+    POST /charges/{id}/refund      captured → refunded; refunded → unchanged; declined → 409; unknown → 404
+    GET  /charges/{id} · GET /charges?reference=   one charge · every charge of a reference
+    GET  /admin/ledger · PUT/GET/DELETE /admin/faults
+
+Test tokens: ``tok_visa`` and any ``tok_ok_*`` are captured; ``tok_declined`` is declined; any other token is
+declined with ``reason: "unknown test token"``. A declined charge is still a charge: it gets a ``payment_id``,
+is in the ledger with status ``declined``, and replaying its key answers the same 402. POSTs need
+``Idempotency-Key`` (see ``idempotency.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Response
+from pydantic import BaseModel, Field
+from redis.asyncio import Redis
+
+from infra.clients.wire import provider_error
+from infra.service import get_redis
+from providers.base import ProviderApiError, create_provider_app
+from providers.idempotency import IdempotentScript, fingerprint, record_suffix, require_idempotency_key
+from providers.keys import provider_key
+
+__all__ = ["PROVIDER", "ChargeRequest", "app", "create_app", "token_outcome"]
+
+PROVIDER = "payment-api"
+MAX_AMOUNT = 1_000_000
+
+RedisDep = Annotated[Redis, Depends(get_redis)]
+IdempotencyKey = Annotated[str, Depends(require_idempotency_key)]
+
+
+def _key(*parts: str) -> str:
+    return provider_key(PROVIDER, *parts)
+
+
+def _ledger_key() -> str:
+    return _key("charges")
+
+
+def _reference_key(reference: str) -> str:
+    return _key("by-reference", reference)
+
+
+def _charge_key(payment_id: str) -> str:
+    return _key("charge", payment_id)
+
+
+def _record_key(idempotency_key: str) -> str:
+    return _key("idempotency", record_suffix(idempotency_key))
+
+
+def token_outcome(payment_token: str) -> tuple[bool, str | None]:
+    """``(captured, decline reason)`` for a test token."""
+    if payment_token == "tok_visa" or payment_token.startswith("tok_ok_"):
+        return True, None
+    if payment_token == "tok_declined":
+        return False, None
+    return False, "unknown test token"
+
+
+# KEYS[2] charge · KEYS[3] ledger list · KEYS[4] the reference's charges · ARGV[3] status code
+# ARGV[4] charge JSON · ARGV[5] response body · ARGV[6] payment id
+_CHARGE = IdempotentScript("""
+redis.call('SET', KEYS[2], ARGV[4])
+redis.call('RPUSH', KEYS[3], ARGV[6])
+redis.call('RPUSH', KEYS[4], ARGV[6])
+return finish(tonumber(ARGV[3]), ARGV[5])
+""")
+
+# KEYS[2] charge · ARGV[3] 404 body
+_REFUND = IdempotentScript("""
+local raw = redis.call('GET', KEYS[2])
+if not raw then
+  return finish(404, ARGV[3])
+end
+local c = cjson.decode(raw)
+if c.status == 'declined' then
+  return finish(409, cjson.encode({error = 'charge_not_captured', payment_id = c.payment_id,
+    message = 'a declined charge has nothing to refund'}))
+end
+if c.status == 'refunded' then
+  return finish(200, raw)
+end
+c.status = 'refunded'
+local out = cjson.encode(c)
+redis.call('SET', KEYS[2], out)
+return finish(200, out)
+""")
+
+
+class ChargeRequest(BaseModel):
+    amount: float = Field(gt=0, le=MAX_AMOUNT, allow_inf_nan=False)
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    payment_token: str = Field(min_length=1, max_length=128)
+    reference: str = Field(min_length=1, max_length=200)
+
+
+business = APIRouter(tags=["payment-api"])
+admin = APIRouter(prefix="/admin", tags=["admin"])
+
+
+@business.post("/charges", status_code=201, response_model=None)
+async def create_charge(body: ChargeRequest, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
+    captured, reason = token_outcome(body.payment_token)
+    payment_id = f"pay_{uuid.uuid4().hex}"
+    charge = {
+        "payment_id": payment_id,
+        "status": "captured" if captured else "declined",
+        "amount": body.amount,
+        "currency": body.currency,
+        "reference": body.reference,
+        "created_at": time.time(),
+    }
+    if captured:
+        status, answer = 201, charge
+    else:
+        extra = {} if reason is None else {"reason": reason}
+        status, answer = 402, provider_error("card_declined", payment_id=payment_id, **extra)
+    outcome = await _CHARGE.run(
+        redis,
+        record_key=_record_key(idempotency_key),
+        request_fingerprint=fingerprint("POST /charges", body.model_dump(mode="json")),
+        keys=[_charge_key(payment_id), _ledger_key(), _reference_key(body.reference)],
+        args=[status, json.dumps(charge), json.dumps(answer), payment_id],
+    )
+    return outcome.to_response()
+
+
+@business.post("/charges/{payment_id}/refund", response_model=None)
+async def refund_charge(payment_id: str, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
+    outcome = await _REFUND.run(
+        redis,
+        record_key=_record_key(idempotency_key),
+        request_fingerprint=fingerprint("POST /charges/{id}/refund", {"payment_id": payment_id}),
+        keys=[_charge_key(payment_id)],
+        args=[json.dumps(provider_error("charge_not_found", payment_id=payment_id))],
+    )
+    return outcome.to_response()
+
+
+@business.get("/charges/{payment_id}")
+async def get_charge(payment_id: str, redis: RedisDep) -> dict[str, Any]:
+    raw = await redis.get(_charge_key(payment_id))
+    if raw is None:
+        raise ProviderApiError(404, "charge_not_found", payment_id=payment_id)
+    charge: dict[str, Any] = json.loads(raw)
+    return charge
+
+
+async def _charges(redis: Redis, list_key: str) -> list[dict[str, Any]]:
+    ids = cast(list[str], await redis.lrange(list_key, 0, -1))
+    raws = await redis.mget([_charge_key(i) for i in ids]) if ids else []
+    return [json.loads(raw) for raw in raws if raw is not None]
+
+
+@business.get("/charges")
+async def find_charges(
+    reference: Annotated[str, Query(min_length=1, max_length=200)], redis: RedisDep
+) -> dict[str, Any]:
+    """Every charge (captured, declined, refunded) made for ``reference``, oldest first."""
+    return {"charges": await _charges(redis, _reference_key(reference))}
+
+
+_LEDGER_FIELDS = ("payment_id", "reference", "amount", "currency", "status")
+
+
+@admin.get("/ledger")
+async def ledger(redis: RedisDep) -> dict[str, Any]:
+    """Every charge ever attempted, oldest first."""
+    return {"charges": [{f: c.get(f) for f in _LEDGER_FIELDS} for c in await _charges(redis, _ledger_key())]}
+
+
+def create_app() -> FastAPI:
+    return create_provider_app(PROVIDER, business, admin)
+
+
+app = create_app()

@@ -1,0 +1,522 @@
+"""Run records and fenced run leases in Redis.
+
+A run is one execution of a graph for one thread id (a booking). Its record is a hash
+``<prefix>:{recovery}:run:<thread_id>`` with the fields
+
+    thread_id, graph, input (JSON), owner, status, attempts, fence, created_at, updated_at, last_error,
+    lease_until (ms, Redis server clock), claimed ("1" once the orphan scanner handed it to the queue)
+
+Exactly one process may work on a run at a time: the one holding its lease. A lease is the pair (owner, fence)
+plus an expiry on the *Redis server clock* (``TIME`` inside the scripts), so processes with skewed clocks agree on
+when it ran out. Every acquisition increments ``fence``; a write carrying an older fence is refused, which stops a
+paused-then-woken owner from overwriting the work of the process that took over.
+
+Non-final runs are listed in the ZSET ``<prefix>:{recovery}:runs:active`` (thread id → lease expiry in ms) so the
+orphan scanner reads expired leases with one range query instead of scanning the keyspace. A run the scanner has
+handed to the recovery queue is scored ``+inf`` there until someone takes its lease again, so it is never handed
+over twice for the same expiry. Everything lives under the ``{recovery}`` hash tag: the queue's scripts touch
+run records and queue keys together, which Redis Cluster allows only within one slot.
+
+Decisions worth knowing:
+
+- ``create`` on an existing thread id changes nothing and returns ``None`` (a retried POST must not reset a run);
+- a lease that expired but was not taken by anyone is still owned: ``renew`` revives it, ``ensure_owned`` passes.
+  Fencing keeps this safe, and it spares a run that merely stalled past its TTL from a pointless hand-over;
+- ``release`` ends the lease at once and sets the status back to ``pending``: the next scan recovers it;
+- final statuses (``done``, ``failed``, ``dead_lettered``) end the lease, leave the active index, and never change
+  again (except a dead-letter ``requeue``, which revives ``dead_lettered`` runs). ``done``/``failed`` records
+  expire after ``retention_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, cast
+
+from redis.asyncio import Redis
+
+from infra.redis import key
+from infra.settings import get_settings
+from runs.errors import LeaseLostError, RunFinalError, RunNotFoundError, redis_errors
+
+logger = logging.getLogger(__name__)
+
+RECOVERY_TAG = "{recovery}"
+"""Redis Cluster hash tag shared by every recovery key (see the module docstring)."""
+
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+
+Sleep = Callable[[float], Awaitable[object]]
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    """Accepted, nobody working on it (created, or released for recovery)."""
+    RUNNING = "running"
+    """A lease holder took responsibility for it."""
+    DONE = "done"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_RUN_STATUSES
+
+
+FINAL_RUN_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.DEAD_LETTERED})
+
+
+def run_key(thread_id: str, *, prefix: str | None = None) -> str:
+    return key(RECOVERY_TAG, "run", thread_id, prefix=prefix)
+
+
+def active_index_key(*, prefix: str | None = None) -> str:
+    return key(RECOVERY_TAG, "runs", "active", prefix=prefix)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    thread_id: str
+    graph: str
+    input: dict[str, Any]
+    owner: str | None
+    """The lease holder, or ``None`` once released or final. An expired, untaken lease still names its owner."""
+    status: RunStatus
+    attempts: int
+    fence: int
+    created_at: float
+    """Epoch seconds on the Redis server clock, like every timestamp here."""
+    updated_at: float
+    last_error: str | None
+    lease_expires_at: float | None
+    """When the current lease runs out; ``None`` for final runs."""
+
+    @property
+    def is_final(self) -> bool:
+        return self.status.is_final
+
+
+@dataclass(frozen=True)
+class ActiveRun:
+    thread_id: str
+    lease_expires_at: float | None
+    """``None`` while the run sits with the recovery queue (handed over by the scanner, not yet taken)."""
+
+
+# Shared Lua helpers. Timestamps are integer milliseconds from the server's TIME.
+_LUA_PRELUDE = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local FINAL = {done = true, failed = true, dead_lettered = true}
+"""
+
+# KEYS: run, active | ARGV: thread_id, graph, input, owner, ttl_ms
+_CREATE = (
+    _LUA_PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local now = now_ms()
+local expiry = now + tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'thread_id', ARGV[1], 'graph', ARGV[2], 'input', ARGV[3], 'owner', ARGV[4],
+  'status', 'running', 'attempts', 0, 'fence', 1, 'created_at', now, 'updated_at', now, 'last_error', '',
+  'lease_until', expiry)
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+return 1
+"""
+)
+
+# KEYS: run, active | ARGV: thread_id, owner, ttl_ms → new fence, 0 (held or final), -1 (no such run)
+_ACQUIRE = (
+    _LUA_PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local status, lease_until = unpack(redis.call('HMGET', KEYS[1], 'status', 'lease_until'))
+if FINAL[status] then return 0 end
+local now = now_ms()
+if (tonumber(lease_until) or 0) > now then return 0 end
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+local expiry = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'status', 'running', 'lease_until', expiry, 'updated_at', now)
+redis.call('HDEL', KEYS[1], 'claimed')
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+return fence
+"""
+)
+
+# KEYS: run, active | ARGV: thread_id, owner, fence, ttl_ms → 1 renewed, 0 lost
+_RENEW = (
+    _LUA_PRELUDE
+    + """
+local owner, fence, status = unpack(redis.call('HMGET', KEYS[1], 'owner', 'fence', 'status'))
+if owner ~= ARGV[2] or fence ~= ARGV[3] or FINAL[status] then return 0 end
+local expiry = now_ms() + tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'lease_until', expiry)
+-- a renewal after an expiry starts a new lease period: if it lapses again the scanner must look again
+redis.call('HDEL', KEYS[1], 'claimed')
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+return 1
+"""
+)
+
+# KEYS: run, active | ARGV: thread_id, owner, fence → 1 released, 0 not ours
+_RELEASE = (
+    _LUA_PRELUDE
+    + """
+local owner, fence, status = unpack(redis.call('HMGET', KEYS[1], 'owner', 'fence', 'status'))
+if owner ~= ARGV[2] or fence ~= ARGV[3] or FINAL[status] then return 0 end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'owner', '', 'status', 'pending', 'lease_until', now, 'updated_at', now)
+redis.call('HDEL', KEYS[1], 'claimed')
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+return 1
+"""
+)
+
+# KEYS: run, active | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms
+# → 1 written, -1 no run, -2 stale fence, -3 already final (with another status); final status returned as 2nd
+_SET_STATUS = (
+    _LUA_PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, ''} end
+local fence, current = unpack(redis.call('HMGET', KEYS[1], 'fence', 'status'))
+if ARGV[3] ~= '' and fence ~= ARGV[3] then return {-2, fence} end
+if FINAL[current] then
+  if current == ARGV[2] then return {1, current} end
+  return {-3, current}
+end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'updated_at', now)
+if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'last_error', ARGV[4]) end
+if FINAL[ARGV[2]] then
+  redis.call('HSET', KEYS[1], 'owner', '', 'lease_until', now)
+  redis.call('HDEL', KEYS[1], 'claimed')
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  local retention = tonumber(ARGV[6])
+  if ARGV[2] ~= 'dead_lettered' and retention > 0 then redis.call('PEXPIRE', KEYS[1], retention) end
+end
+return {1, ARGV[2]}
+"""
+)
+
+# KEYS: run | ARGV: fence ('' = unfenced) → new count, -1 no run, -2 stale fence
+_INCREMENT_ATTEMPTS = (
+    _LUA_PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'fence') ~= ARGV[1] then return -2 end
+redis.call('HSET', KEYS[1], 'updated_at', now_ms())
+return redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+"""
+)
+
+
+def _seconds(ms: str | None) -> float:
+    return int(ms or 0) / 1000.0
+
+
+class RunStore:
+    """Run records and their leases.
+
+    ``ttl`` (seconds, default ``RUN_LEASE_TTL``) is the lease length; ``retention_s`` how long ``done``/``failed``
+    records stay readable after they end (``None`` keeps them). ``sleep`` is what heartbeats wait with.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        ttl: float | None = None,
+        retention_s: float | None = DEFAULT_RETENTION_S,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        settings = get_settings()
+        self.ttl = float(ttl if ttl is not None else settings.run_lease_ttl_s)
+        if self.ttl <= 0:
+            raise ValueError(f"lease ttl must be positive, got {self.ttl!r}")
+        self._ttl_ms = max(1, round(self.ttl * 1000))
+        self._retention_ms = 0 if retention_s is None else max(1, round(retention_s * 1000))
+        self._redis = redis
+        self._prefix = settings.key_prefix
+        self.sleep = sleep
+        self.index_key = active_index_key(prefix=self._prefix)
+        self._create = redis.register_script(_CREATE)
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+        self._set_status = redis.register_script(_SET_STATUS)
+        self._increment = redis.register_script(_INCREMENT_ATTEMPTS)
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def run_key(self, thread_id: str) -> str:
+        return run_key(thread_id, prefix=self._prefix)
+
+    async def create(self, thread_id: str, graph: str, input: Mapping[str, Any], owner: str) -> RunLease | None:
+        """Record a new run and take its lease (fence 1) in one step; ``None`` if the thread id already exists."""
+        payload = json.dumps(dict(input), separators=(",", ":"))
+        with redis_errors(f"creating run {thread_id!r}"):
+            created = await self._create(
+                keys=[self.run_key(thread_id), self.index_key],
+                args=[thread_id, graph, payload, owner, self._ttl_ms],
+            )
+        return RunLease(self, thread_id, owner, 1) if created == 1 else None
+
+    async def get(self, thread_id: str) -> RunRecord | None:
+        with redis_errors(f"reading run {thread_id!r}"):
+            # the clients here decode responses (create_redis), so every value is a str
+            raw = cast(dict[str, str], await self._redis.hgetall(self.run_key(thread_id)))
+        if not raw:
+            return None
+        status = RunStatus(raw["status"])
+        return RunRecord(
+            thread_id=raw["thread_id"],
+            graph=raw["graph"],
+            input=json.loads(raw["input"]),
+            owner=raw.get("owner") or None,
+            status=status,
+            attempts=int(raw.get("attempts", 0)),
+            fence=int(raw["fence"]),
+            created_at=_seconds(raw.get("created_at")),
+            updated_at=_seconds(raw.get("updated_at")),
+            last_error=raw.get("last_error") or None,
+            lease_expires_at=None if status.is_final else _seconds(raw.get("lease_until")),
+        )
+
+    async def acquire(self, thread_id: str, owner: str) -> RunLease | None:
+        """Take the lease if it is free or expired and the run is not final; the new fence is the old one + 1.
+
+        ``None`` when someone holds a live lease, the run is final, or there is no such run.
+        """
+        with redis_errors(f"acquiring run {thread_id!r}"):
+            fence = int(
+                await self._acquire(
+                    keys=[self.run_key(thread_id), self.index_key], args=[thread_id, owner, self._ttl_ms]
+                )
+            )
+        return RunLease(self, thread_id, owner, fence) if fence > 0 else None
+
+    async def set_status(
+        self,
+        thread_id: str,
+        status: RunStatus | str,
+        *,
+        error: str | None = None,
+        fence: int | None = None,
+    ) -> None:
+        """Change a run's status (and ``last_error`` when ``error`` is given).
+
+        With ``fence`` the write is refused (``LeaseLostError``) unless it is the current fence. A final status
+        behaves like ``finish``. Setting a final run to another status raises ``RunFinalError``; repeating its
+        final status is a no-op.
+        """
+        status = RunStatus(status)
+        with redis_errors(f"setting status of run {thread_id!r}"):
+            code, detail = await self._set_status(
+                keys=[self.run_key(thread_id), self.index_key],
+                args=[
+                    thread_id,
+                    status.value,
+                    "" if fence is None else str(fence),
+                    error or "",
+                    "1" if error is not None else "0",
+                    self._retention_ms,
+                ],
+            )
+        if code == -1:
+            raise RunNotFoundError(thread_id)
+        if code == -2:
+            raise LeaseLostError(thread_id, fence or 0, f"stale fence (current fence is {detail})")
+        if code == -3:
+            raise RunFinalError(thread_id, str(detail))
+
+    async def finish(self, thread_id: str, status: RunStatus | str, fence: int, *, error: str | None = None) -> None:
+        """End a run with a final status: the lease ends and the run leaves the active index. Fenced."""
+        status = RunStatus(status)
+        if not status.is_final:
+            raise ValueError(f"finish() needs a final status, got {status.value!r}")
+        await self.set_status(thread_id, status, error=error, fence=fence)
+
+    async def increment_attempts(self, thread_id: str, *, fence: int | None = None) -> int:
+        """Count one more recovery attempt; returns the new count. Fenced when ``fence`` is given."""
+        with redis_errors(f"counting an attempt of run {thread_id!r}"):
+            result = int(
+                await self._increment(keys=[self.run_key(thread_id)], args=["" if fence is None else str(fence)])
+            )
+        if result == -1:
+            raise RunNotFoundError(thread_id)
+        if result == -2:
+            raise LeaseLostError(thread_id, fence or 0, "stale fence")
+        return result
+
+    async def active_runs(self) -> list[ActiveRun]:
+        """Every non-final run, soonest lease expiry first."""
+        with redis_errors("listing active runs"):
+            rows = cast(list[tuple[str, float]], await self._redis.zrange(self.index_key, 0, -1, withscores=True))
+        return [
+            ActiveRun(thread_id=str(member), lease_expires_at=None if score == float("inf") else score / 1000.0)
+            for member, score in rows
+        ]
+
+    # The lease's round trips live here so RunLease stays a thin handle.
+
+    async def _renew_lease(self, lease: RunLease) -> bool:
+        with redis_errors(f"renewing the lease on run {lease.thread_id!r}"):
+            renewed = await self._renew(
+                keys=[self.run_key(lease.thread_id), self.index_key],
+                args=[lease.thread_id, lease.owner, str(lease.fence), self._ttl_ms],
+            )
+        return bool(renewed == 1)
+
+    async def _release_lease(self, lease: RunLease) -> bool:
+        with redis_errors(f"releasing the lease on run {lease.thread_id!r}"):
+            released = await self._release(
+                keys=[self.run_key(lease.thread_id), self.index_key],
+                args=[lease.thread_id, lease.owner, str(lease.fence)],
+            )
+        return bool(released == 1)
+
+    async def _holder(self, thread_id: str) -> tuple[str | None, str | None, str | None]:
+        with redis_errors(f"checking the lease on run {thread_id!r}"):
+            values = cast(
+                list[str | None], await self._redis.hmget(self.run_key(thread_id), ["owner", "fence", "status"])
+            )
+        owner, fence, status = values
+        return owner, fence, status
+
+
+class RunLease:
+    """The right to work on one run, proven by (owner, fence). Get one from ``RunStore.create``/``acquire``."""
+
+    def __init__(self, store: RunStore, thread_id: str, owner: str, fence: int) -> None:
+        self.store = store
+        self.thread_id = thread_id
+        self.owner = owner
+        self.fence = fence
+        self._lost_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RunLease(thread_id={self.thread_id!r}, owner={self.owner!r}, fence={self.fence}, lost={self.lost})"
+
+    @property
+    def lost(self) -> bool:
+        """True once this process knows the lease is gone (failed renewal, release, finish)."""
+        return self._lost_reason is not None
+
+    def _mark_lost(self, reason: str) -> None:
+        if self._lost_reason is None:
+            self._lost_reason = reason
+
+    async def renew(self) -> bool:
+        """Push the expiry one TTL ahead of the server clock; False when the lease is no longer ours."""
+        if self.lost:
+            return False
+        if await self.store._renew_lease(self):
+            return True
+        self._mark_lost("renewal refused: another owner took over, or the run ended")
+        return False
+
+    async def ensure_owned(self) -> None:
+        """Raise ``LeaseLostError`` unless this lease still holds the run (call before every side effect).
+
+        Fails fast without a round trip once a heartbeat saw the lease go; otherwise asks Redis.
+        """
+        if self._lost_reason is not None:
+            raise LeaseLostError(self.thread_id, self.fence, self._lost_reason)
+        owner, fence, status = await self.store._holder(self.thread_id)
+        if fence is None:
+            self._mark_lost("the run record is gone")
+        elif fence != str(self.fence):
+            self._mark_lost(f"taken over with fence {fence}")
+        elif owner != self.owner:
+            self._mark_lost("released" if status not in FINAL_RUN_STATUSES else f"run ended ({status})")
+        if self._lost_reason is not None:
+            raise LeaseLostError(self.thread_id, self.fence, self._lost_reason)
+
+    async def release(self) -> bool:
+        """Give the run up (status back to ``pending``) so it can be recovered at once; False if not ours."""
+        released = await self.store._release_lease(self)
+        self._mark_lost("released")
+        return released
+
+    async def set_status(self, status: RunStatus | str, *, error: str | None = None) -> None:
+        """Fenced ``RunStore.set_status``."""
+        try:
+            await self.store.set_status(self.thread_id, status, error=error, fence=self.fence)
+        except LeaseLostError as exc:
+            self._mark_lost(exc.reason)
+            raise
+        if RunStatus(status).is_final:
+            self._mark_lost(f"run ended ({RunStatus(status).value})")
+
+    async def finish(self, status: RunStatus | str, *, error: str | None = None) -> None:
+        """Fenced ``RunStore.finish``: final status, lease over."""
+        if not RunStatus(status).is_final:
+            raise ValueError(f"finish() needs a final status, got {status!r}")
+        await self.set_status(status, error=error)
+
+    async def increment_attempts(self) -> int:
+        """Fenced ``RunStore.increment_attempts``."""
+        try:
+            return await self.store.increment_attempts(self.thread_id, fence=self.fence)
+        except LeaseLostError as exc:
+            self._mark_lost(exc.reason)
+            raise
+
+    @asynccontextmanager
+    async def keep_alive(self, interval: float | None = None) -> AsyncIterator[RunLease]:
+        """Renew the lease every ``interval`` (default TTL/3) in a background task while the block runs.
+
+        The heartbeat runs whatever the block is doing, so a slow node never lets the lease lapse. When a renewal
+        is refused the heartbeat stops and ``ensure_owned()`` fails fast; it cancels nothing by itself. Redis
+        errors (and renewals slower than ``interval``) are logged and retried at the next tick. The lease is not
+        released on exit: call ``release()`` or ``finish()``.
+        """
+        period = self.store.ttl / 3 if interval is None else interval
+        if period <= 0:
+            raise ValueError(f"heartbeat interval must be positive, got {period!r}")
+        stop = asyncio.Event()
+        task = asyncio.create_task(self._heartbeat(period, stop), name=f"lease-heartbeat:{self.thread_id}")
+        try:
+            yield self
+        finally:
+            stop.set()
+            task.cancel()
+            # Bounded, and asyncio.wait does not swallow a cancellation aimed at us: a renewal stuck in a library
+            # that ate its cancellation must not hold the run (the flag ends the loop at its next turn anyway).
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if not done:
+                logger.warning("lease heartbeat for run %s did not stop within 1s", self.thread_id)
+
+    async def _heartbeat(self, period: float, stop: asyncio.Event) -> None:
+        while not self.lost and not stop.is_set():
+            await self.store.sleep(period)
+            if stop.is_set():
+                return
+            try:
+                async with asyncio.timeout(period):
+                    renewed = await self.renew()
+            except TimeoutError:
+                logger.warning("lease heartbeat for run %s: renewal took over %.3fs; retrying", self.thread_id, period)
+                continue
+            except Exception as exc:
+                logger.warning("lease heartbeat for run %s: renewal failed (%s); retrying", self.thread_id, exc)
+                continue
+            if not renewed:
+                logger.warning(
+                    "lease on run %s (owner %s, fence %s) is lost: %s",
+                    self.thread_id,
+                    self.owner,
+                    self.fence,
+                    self._lost_reason,
+                )
+                return

@@ -1,0 +1,133 @@
+"""Executing one graph run under its lease; shared by booking-agent (first run) and the recovery worker (resumes).
+
+``execute_run`` owns everything between "I hold the lease" and "the run is final or handed back":
+
+- a heartbeat keeps the lease alive however long a node takes;
+- ``fence_scope(lease.ensure_owned)``: every idempotent node checks the lease before its side effect, so an owner
+  that lost it (paused process, partition) stops instead of running alongside the new owner;
+- a detached budget: the run was accepted, so it gets its own time, not the budget of the request that created it;
+- ``durability="sync"``: each step's checkpoint is on disk before the next step starts;
+- the ``stop`` event is checked at every step boundary: a graceful shutdown hands the run back (lease released,
+  enqueued for recovery at once) instead of waiting for the lease to expire.
+
+``input=None`` resumes from the last checkpoint (``ainvoke(None)`` semantics); a dict starts the graph.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph.state import CompiledStateGraph
+
+from graph.idempotency import fence_scope
+from resilience.budget import detached_budget
+from runs.errors import LeaseLostError
+from runs.leases import RunLease, RunStatus
+
+logger = logging.getLogger(__name__)
+
+HandOff = Callable[[str], Awaitable[object]]
+"""Gives a released run (by thread id) to whoever resumes it next: the recovery queue, passed down by the caller."""
+
+INTERRUPT_KEY = "__interrupt__"
+"""The key of an interrupt in a stream's ``updates`` (LangGraph's ``INTERRUPT`` channel)."""
+
+
+class RunOutcome(StrEnum):
+    DONE = "done"
+    """The graph reached END; the run is final."""
+    HANDED_OFF = "handed_off"
+    """Stopped at a step boundary for a shutdown; lease released and the run enqueued for recovery."""
+    LOST = "lost"
+    """Another owner holds the run now; we stopped before our next side effect."""
+    FAILED = "failed"
+    """The attempt raised; the lease is released so the run can be retried."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: RunOutcome
+    values: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+
+def run_config(thread_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+async def execute_run(
+    graph: CompiledStateGraph[Any, Any, Any, Any],
+    lease: RunLease,
+    input: dict[str, Any] | None,
+    *,
+    budget_s: float,
+    stop: asyncio.Event | None = None,
+    hand_off: HandOff | None = None,
+) -> RunResult:
+    """Run (or resume) ``lease.thread_id`` to the end, to a handoff, or to a failure. Never raises but CancelledError."""
+    config = run_config(lease.thread_id)
+    try:
+        async with lease.keep_alive():
+            # No status write here: creating or acquiring a lease already marks the run ``running``.
+            with fence_scope(lease.ensure_owned), detached_budget(budget_s):
+                # "values" gives the final state without reading the checkpoint back (a query per run);
+                # "updates" shows an interrupt, the only way a run stops short of END without raising
+                stream = graph.astream(input, config, stream_mode=["updates", "values"], durability="sync")
+                values: dict[str, Any] = {}
+                async with aclosing(stream):  # type: ignore[type-var]
+                    async for mode, item in stream:
+                        chunk = cast(dict[str, Any], item)
+                        if mode == "values":
+                            values = dict(chunk)
+                        elif INTERRUPT_KEY in chunk:
+                            # our graphs have none; a run that stopped there must not be reported done
+                            raise RuntimeError(f"run {lease.thread_id} stopped before END: {chunk[INTERRUPT_KEY]!r}")
+                        if stop is not None and stop.is_set():
+                            return await _hand_off(lease, hand_off)
+            await lease.finish(RunStatus.DONE)
+            return RunResult(RunOutcome.DONE, values)
+    except LeaseLostError as exc:
+        logger.warning("run %s: lease lost (%s); leaving it to the new owner", lease.thread_id, exc)
+        return RunResult(RunOutcome.LOST, error=exc)
+    except asyncio.CancelledError:
+        # forced shutdown after the drain period: hand back what we can without blocking the cancellation
+        await asyncio.shield(_hand_off_quietly(lease, hand_off))
+        raise
+    except Exception as exc:
+        logger.exception("run %s: attempt failed", lease.thread_id)
+        await _release_quietly(lease, error=exc)
+        return RunResult(RunOutcome.FAILED, error=exc)
+
+
+async def _hand_off(lease: RunLease, hand_off: HandOff | None) -> RunResult:
+    await lease.release()
+    if hand_off is not None:
+        await hand_off(lease.thread_id)
+    logger.info("run %s handed off for recovery at a step boundary", lease.thread_id)
+    return RunResult(RunOutcome.HANDED_OFF)
+
+
+async def _hand_off_quietly(lease: RunLease, hand_off: HandOff | None) -> None:
+    try:
+        async with asyncio.timeout(2):
+            await _hand_off(lease, hand_off)
+    except Exception:
+        logger.exception("run %s: handoff after cancellation failed; the scanner will find it", lease.thread_id)
+
+
+async def _release_quietly(lease: RunLease, *, error: BaseException) -> None:
+    try:
+        await lease.set_status(RunStatus.PENDING, error=f"{type(error).__name__}: {error}")
+    except Exception:
+        logger.debug("run %s: could not record the error", lease.thread_id, exc_info=True)
+    try:
+        await lease.release()
+    except Exception:
+        logger.exception("run %s: could not release the lease; it will expire", lease.thread_id)

@@ -1,0 +1,224 @@
+"""``concierge book``: create a booking and follow it, step by step, to its final state.
+
+    concierge book --city Lisbon --checkin 2027-01-10 --nights 2 --guests 2 [--card tok_visa] [--hotel ID]
+
+Posts to the booking-agent with an ``Idempotency-Key``, so retrying the POST after a lost answer (the agent was
+restarting) never books twice, then polls ``GET /bookings/{id}`` and prints every status it sees
+(pending → searching → reserving → paying → confirming → confirmed). A booking-agent that is down for a moment
+(killed, restarting) is waited for, on any of its replicas. Exit 0 only when the booking is confirmed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from datetime import date, timedelta
+from typing import Any
+
+import httpx
+
+from domain.booking import FINAL_BOOKING_STATUSES, PROGRESS, parse_iso_date
+from infra.settings import get_settings
+from stack.console import EXIT_FAILURE, EXIT_OK, Subparsers, one_line_errors, stack_paths
+from stack.control import supervisor_running
+from stack.errors import StackError, UsageError
+from stack.state import read_state
+
+__all__ = ["booking_body", "register_book", "steps_between"]
+
+# Steps take tens of milliseconds: poll fast while things move, slower while a step waits (a slow provider).
+POLL_FIRST_S = 0.02
+POLL_MAX_S = 0.25
+REQUEST_TIMEOUT_S = 5.0
+
+
+def register_book(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("book", help="book a hotel and follow the booking to its final state")
+    parser.add_argument("--city", required=True, help="e.g. Lisbon, Porto, Madrid, Paris")
+    parser.add_argument("--checkin", required=True, metavar="YYYY-MM-DD")
+    parser.add_argument("--nights", default="1", metavar="N", help="default 1")
+    parser.add_argument("--guests", default="2", metavar="N", help="default 2")
+    parser.add_argument("--card", default="tok_visa", metavar="TOKEN", help="payment token (tok_visa, tok_declined...)")
+    parser.add_argument("--hotel", default=None, metavar="ID", help="a specific hotel (default: the cheapest)")
+    parser.add_argument("--url", default=None, help="booking-agent URL (default: the running stack's)")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S", help="give up after S seconds")
+    parser.set_defaults(handler=_book)
+
+
+def _positive_int(value: str, option: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise UsageError(f"{option} must be a whole number, got {value!r}") from None
+    if number < 1:
+        raise UsageError(f"{option} must be at least 1, got {number}")
+    return number
+
+
+def _checkin(value: str) -> date:
+    try:
+        return parse_iso_date(value)
+    except ValueError as exc:
+        raise UsageError(f"bad date {value!r} for --checkin: {exc}") from None
+
+
+def booking_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /bookings body for the command's arguments (``UsageError`` for a bad date or number)."""
+    checkin = _checkin(args.checkin)
+    nights = _positive_int(args.nights, "--nights")
+    guests = _positive_int(args.guests, "--guests")
+    body: dict[str, Any] = {
+        "city": args.city,
+        "checkin": checkin.isoformat(),
+        "checkout": (checkin + timedelta(days=nights)).isoformat(),
+        "guests": guests,
+        "payment_token": args.card,
+    }
+    if args.hotel:
+        body["hotel_id"] = args.hotel
+    return body
+
+
+def steps_between(previous: str | None, current: str) -> list[str]:
+    """The happy-path steps a poll jumped over between ``previous`` and ``current`` (none for ``failed``)."""
+    if current not in PROGRESS:
+        return []
+    start = PROGRESS.index(previous) + 1 if previous in PROGRESS else 0
+    return list(PROGRESS[start : PROGRESS.index(current)])
+
+
+def _booking_agent_urls(explicit: str | None) -> list[str]:
+    if explicit:
+        return [explicit.rstrip("/")]
+    paths = stack_paths()
+    if supervisor_running(paths):
+        state = read_state(paths)
+        if state is not None:
+            urls = [i.url for i in state.instances if i.service == "booking-agent"]
+            if urls:
+                return urls
+    # no local stack: a compose stack publishes the booking-agent where the settings expect it
+    return [get_settings().booking_agent_url.rstrip("/")]
+
+
+def _refusal(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            loc = [str(p) for p in item.get("loc", ()) if p not in ("body", "header")]
+            parts.append(f"{'.'.join(loc) or 'request'}: {item.get('msg')}")
+        return "; ".join(parts)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        return f"{error.get('code')}: {error.get('message', '')}".rstrip(": ")
+    return f"HTTP {response.status_code}: {detail or body}"
+
+
+class _Client:
+    """Talks to whichever booking-agent replica answers, waiting out restarts until the deadline."""
+
+    def __init__(self, urls: list[str], deadline: float) -> None:
+        self.urls = urls
+        self.deadline = deadline
+        self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S)
+        self._index = 0
+        self._warned = False
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        while True:
+            url = self.urls[self._index % len(self.urls)]
+            try:
+                response = self.http.request(method, f"{url}{path}", **kwargs)
+            except httpx.TransportError as exc:
+                problem = f"{url} unreachable ({type(exc).__name__})"
+            else:
+                if response.status_code not in (502, 503, 504):
+                    self._warned = False
+                    return response
+                problem = f"{url} answered {response.status_code}"
+            if time.monotonic() > self.deadline:
+                raise StackError(f"booking-agent {problem}; is the stack running? (`concierge up`)")
+            if not self._warned:
+                print(f"         … booking-agent {problem}; still trying", flush=True)
+                self._warned = True
+            self._index += 1
+            time.sleep(0.25)
+
+
+@one_line_errors("book")
+def _book(args: argparse.Namespace) -> int:
+    body = booking_body(args)
+    started = time.monotonic()
+    client = _Client(_booking_agent_urls(args.url), started + args.timeout)
+    try:
+        return _follow(client, body, started, args.timeout)
+    finally:
+        client.http.close()
+
+
+def _follow(client: _Client, body: dict[str, Any], started: float, timeout: float) -> int:
+    headers = {"Idempotency-Key": f"cli-{uuid.uuid4().hex}"}
+    # first attempt fails fast when nothing listens at all: "stack not running" beats a minute of retries
+    try:
+        response = client.http.post(f"{client.urls[0]}/bookings", json=body, headers=headers)
+    except httpx.ConnectError:
+        if len(client.urls) == 1:
+            raise StackError(
+                f"booking-agent at {client.urls[0]} is unreachable: stack not running? (`concierge up`)"
+            ) from None
+        response = client.request("POST", "/bookings", json=body, headers=headers)
+    except httpx.TransportError:
+        # the answer was lost, not the request refused: the same Idempotency-Key makes the retry safe
+        response = client.request("POST", "/bookings", json=body, headers=headers)
+    if response.status_code in (502, 503, 504):
+        response = client.request("POST", "/bookings", json=body, headers=headers)
+    if response.status_code != 202:
+        raise StackError(f"booking refused: {_refusal(response)}")
+    booking_id = response.json()["booking_id"]
+    print(
+        f"booking {booking_id}: {body['city']} {body['checkin']} → {body['checkout']}, "
+        f"{body['guests']} guest(s), card {body['payment_token']}",
+        flush=True,
+    )
+    seen: str | None = None
+    booking: dict[str, Any] = {}
+    interval = POLL_FIRST_S
+    while True:
+        response = client.request("GET", f"/bookings/{booking_id}")
+        if response.status_code == 200:
+            booking = response.json()
+            status = str(booking.get("status"))
+            if status != seen:
+                for skipped in steps_between(seen, status):
+                    print(f"  {'':>6}   {skipped}  (passed between two polls)", flush=True)
+                print(f"  {time.monotonic() - started:6.2f}s  {status}", flush=True)
+                seen = status
+                interval = POLL_FIRST_S
+            if seen in FINAL_BOOKING_STATUSES:
+                break
+        elif response.status_code != 404:  # 404: a replica that has not seen the record yet
+            raise StackError(f"could not read booking {booking_id}: {_refusal(response)}")
+        if time.monotonic() - started > timeout:
+            raise StackError(f"booking {booking_id} still {seen} after {timeout:g}s")
+        time.sleep(interval)
+        interval = min(POLL_MAX_S, interval * 1.25)
+    if seen == "confirmed":
+        price = booking.get("total_price")
+        total = f"{price:.2f} {booking.get('currency')}" if isinstance(price, int | float) else "-"
+        print(
+            f"confirmed: {booking.get('hotel_name')} ({booking.get('hotel_id')}) · {total} · "
+            f"reservation {booking.get('reservation_id')} · payment {booking.get('payment_id')}"
+        )
+        return EXIT_OK
+    error = booking.get("error") or {}
+    code = error.get("code", "unknown") if isinstance(error, dict) else "unknown"
+    message = error.get("message", "") if isinstance(error, dict) else str(error)
+    print(f"concierge book: booking {booking_id} failed: {code}: {message}".rstrip(": "), file=sys.stderr)
+    return EXIT_FAILURE

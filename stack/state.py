@@ -1,0 +1,196 @@
+"""Where a running stack keeps its state (``CONCIERGE_DATA_DIR``) and the snapshot the supervisor writes there.
+
+::
+
+    <data dir>/stack.json          the snapshot below, replaced atomically on every change
+    <data dir>/supervisor.lock     flock'ed by the live supervisor: two ``up`` never share a data directory
+    <data dir>/supervisor.sock     the control socket (``kill``, ``stop``, ``status``, ``down``...)
+    <data dir>/logs/<name>.log     one log per instance (restarts append), supervisor.log for the supervisor
+    <data dir>/redis/              the append-only file of the Redis ``up`` started itself, if it did
+    <data dir>/checkpoints.sqlite  the SQLite checkpointer (when DATABASE_URL is unset)
+
+The snapshot is for people and for commands that must work when the supervisor is gone (``down`` sweeping
+leftovers, ``book`` finding the booking-agent); live questions go to the control socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from stack.errors import StackError
+
+__all__ = [
+    "InstanceState",
+    "RedisState",
+    "StackPaths",
+    "StackState",
+    "is_stack_process",
+    "pid_alive",
+    "read_state",
+    "write_state",
+]
+
+# sun_path is 108 bytes on Linux and 104 on macOS; leave room for the terminating NUL.
+_MAX_SOCKET_PATH = 100
+
+
+@dataclass(frozen=True)
+class StackPaths:
+    root: Path
+
+    @classmethod
+    def at(cls, data_dir: Path | str) -> StackPaths:
+        return cls(Path(data_dir).expanduser().resolve())
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "stack.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / "supervisor.lock"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.logs / "supervisor.log"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.root / "redis"
+
+    @property
+    def socket(self) -> Path:
+        path = self.root / "supervisor.sock"
+        if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+            return path
+        # A deep data directory cannot hold a Unix socket; one per data directory in the temp dir instead.
+        digest = hashlib.sha256(os.fsencode(self.root)).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"concierge-{digest}.sock"
+
+    def log_file(self, name: str) -> Path:
+        return self.logs / f"{name.replace(':', '-')}.log"
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    name: str
+    service: str
+    replica: int
+    port: int
+    url: str
+    health_path: str
+    ready_path: str
+    status: str
+    """``starting`` · ``up`` · ``backoff`` (crashed, restart pending) · ``stopped`` (on request) · ``exited``."""
+    pid: int | None = None
+    restarts: int = 0
+    started_at: float | None = None
+    """Wall-clock start of the current process."""
+    last_exit: int | None = None
+    """Return code of the previous process (negative: killed by that signal)."""
+
+
+@dataclass(frozen=True)
+class RedisState:
+    url: str
+    """Redacted: no password."""
+    own: bool
+    pid: int | None = None
+    port: int | None = None
+    directory: str | None = None
+
+
+@dataclass(frozen=True)
+class StackState:
+    supervisor_pid: int
+    phase: str
+    """``starting`` · ``ready`` · ``stopping`` · ``stopped`` · ``failed``."""
+    started_at: float
+    socket: str
+    redis: RedisState
+    checkpointer: str
+    instances: tuple[InstanceState, ...] = ()
+    error: str | None = None
+    ready_after_s: float | None = None
+    data_dir: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StackState:
+        values = dict(data)
+        values["redis"] = RedisState(**values["redis"])
+        values["instances"] = tuple(InstanceState(**item) for item in values.get("instances", ()))
+        return cls(**values)
+
+    def pids(self) -> list[int]:
+        """Every process the snapshot names: instances, the own Redis, the supervisor last."""
+        pids = [i.pid for i in self.instances if i.pid is not None]
+        if self.redis.pid is not None:
+            pids.append(self.redis.pid)
+        pids.append(self.supervisor_pid)
+        return pids
+
+
+def write_state(paths: StackPaths, state: StackState) -> None:
+    """Replace the snapshot atomically: a reader sees the old one or the new one, never half of either."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    tmp = paths.state_file.with_name(f".{paths.state_file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state.to_json(), indent=2), encoding="utf-8")
+    os.replace(tmp, paths.state_file)
+
+
+def read_state(paths: StackPaths) -> StackState | None:
+    """The last snapshot, or None when no stack ever ran here."""
+    try:
+        raw = paths.state_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return StackState.from_json(json.loads(raw))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StackError(f"{paths.state_file} is unreadable ({exc}); remove it if no stack is running") from exc
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` runs and is not a zombie (an orphan nobody reaped yet is gone for our purposes)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # the state letter follows the parenthesised command name, which may itself contain spaces
+        return stat.rpartition(")")[2].split()[0] != "Z"
+    return True
+
+
+# What the command line of a process of ours contains: the CLI (`concierge serve`, the supervisor) or our Redis.
+_MARKERS = ("stack.", "concierge", "redis-server")
+
+
+def is_stack_process(pid: int) -> bool:
+    """``pid`` runs and still looks like a process of a stack, not an unrelated process that got a recycled pid."""
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no procfs (macOS): trust the snapshot
+    except OSError:
+        return False
+    return any(marker in cmdline for marker in _MARKERS)

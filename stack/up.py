@@ -1,0 +1,246 @@
+"""``concierge up``: the whole stack as supervised local processes, in the foreground or ``--detach``-ed.
+
+    concierge up [--detach] [--scale NAME=N]... [--port-base N] [--port NAME=PORT]... [--grace S] [--timeout S]
+
+Before anything starts, in this order and each in well under a second or two: the data directory is free (no
+live supervisor), the planned ports are free, Redis is found (``redis_server.plan_redis``). Any of them failing is
+one line and exit 1, with nothing left running. ``--detach`` starts the same supervisor as a background process
+(new session, output in ``<data dir>/logs/supervisor.log``) and returns once it reports every service ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from infra.settings import get_settings
+from stack.console import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Handler,
+    Subparsers,
+    one_line_errors,
+    render_stack,
+    stack_paths,
+)
+from stack.control import supervisor_running
+from stack.errors import PortInUseError, StackAlreadyRunningError, StartupError
+from stack.layout import Instance, parse_assignments, plan_instances
+from stack.logstream import last_line
+from stack.redis_server import plan_redis, redact
+from stack.state import StackPaths, is_stack_process, pid_alive, read_state
+from stack.supervisor import DEFAULT_GRACE_S, DEFAULT_READY_TIMEOUT_S, Supervisor, SupervisorConfig
+
+__all__ = ["READY_PHRASE", "concierge_command", "main", "register_up"]
+
+READY_PHRASE = "all services ready"
+_DAEMON_FLAG = "--_daemon"
+_POLL_S = 0.1
+
+
+def concierge_command() -> tuple[str, ...]:
+    """This interpreter running the CLI module: right venv, no dependence on PATH."""
+    return (sys.executable, "-m", "stack.cli")
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
+    return seconds
+
+
+def register_up(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "up",
+        help="start the whole stack as supervised local processes",
+        description=(
+            "Start hotel-api, payment-api, search-agent, payment-agent, booking-agent and recovery-worker "
+            "(plus redis-server when REDIS_URL does not answer), wait until each is ready, then stream their "
+            "logs until Ctrl-C. Crashed services are restarted after a short backoff."
+        ),
+    )
+    parser.add_argument("-d", "--detach", action="store_true", help="run in the background; return once ready")
+    parser.add_argument("--scale", action="append", default=[], metavar="NAME=N", help="replicas of a service")
+    parser.add_argument("--port-base", type=int, default=None, metavar="N", help="shift every port (default 8000)")
+    parser.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help="one service's port")
+    parser.add_argument("--host", default="127.0.0.1", help="interface the services bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--grace", type=_seconds, default=DEFAULT_GRACE_S, metavar="S", help="SIGTERM → SIGKILL (default 20)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_READY_TIMEOUT_S,
+        metavar="S",
+        help="how long start-up may take (default 60)",
+    )
+    parser.add_argument(_DAEMON_FLAG, action="store_true", help=argparse.SUPPRESS)
+    parser.set_defaults(handler=_up)
+
+
+@one_line_errors("up")
+def _up(args: argparse.Namespace) -> int:
+    paths = stack_paths()
+    instances = plan_instances(
+        scale=parse_assignments(args.scale, option="--scale"),
+        port_base=args.port_base,
+        ports=parse_assignments(args.port, option="--port"),
+    )
+    if supervisor_running(paths):
+        state = read_state(paths)
+        pid = state.supervisor_pid if state else "?"
+        raise StackAlreadyRunningError(
+            f"a stack is already running from {paths.root} (supervisor pid {pid}); `concierge down` first"
+        )
+    _check_leftovers(paths)
+    _check_ports(instances, args.host)
+    if args.detach:
+        return _detach(args, paths)
+    config = asyncio.run(_config(args, paths, instances, echo_logs=not args._daemon))
+    if not args._daemon:
+        print(f"concierge: starting {len(instances)} services from {paths.root} (Ctrl-C stops them)", flush=True)
+    code = asyncio.run(Supervisor(config).run())
+    state = read_state(paths)
+    if code == EXIT_FAILURE and state is not None and state.error:
+        raise StartupError(state.error)  # the reason, once more, where a failed command says it
+    return code
+
+
+async def _config(
+    args: argparse.Namespace, paths: StackPaths, instances: tuple[Instance, ...], *, echo_logs: bool
+) -> SupervisorConfig:
+    settings = get_settings()
+    redis = await plan_redis(settings.redis_url)
+    if settings.database_url:
+        checkpointer = f"postgres {redact(settings.database_url)}"
+    else:
+        checkpointer = f"sqlite {paths.root / 'checkpoints.sqlite'}"
+    return SupervisorConfig(
+        paths=paths,
+        instances=instances,
+        redis=redis,
+        command=concierge_command(),
+        base_env=dict(os.environ),
+        host=args.host,
+        grace_s=args.grace,
+        ready_timeout_s=args.timeout,
+        echo_logs=echo_logs,
+        checkpointer=checkpointer,
+    )
+
+
+def _check_leftovers(paths: StackPaths) -> None:
+    """Children of a supervisor that was killed -9 still hold their ports; `down` knows them by the snapshot."""
+    state = read_state(paths)
+    if state is None:
+        return
+    alive = [pid for pid in state.pids() if pid != state.supervisor_pid and is_stack_process(pid)]
+    if alive:
+        raise StackAlreadyRunningError(
+            f"processes of a previous stack in {paths.root} still run (pids {', '.join(map(str, alive))}); "
+            "`concierge down` cleans them up"
+        )
+
+
+def _check_ports(instances: Sequence[Instance], host: str) -> None:
+    for instance in instances:
+        with socket.socket() as sock:
+            # as uvicorn binds: a port in TIME_WAIT from a previous run is free
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, instance.port))
+            except OSError as exc:
+                raise PortInUseError(
+                    f"port {instance.port} ({instance.name}) is not available on {host}: {exc.strerror}; "
+                    "stop what uses it or choose other ports with --port-base / --port"
+                ) from None
+
+
+def _daemon_argv(args: argparse.Namespace) -> list[str]:
+    # this module's own entry point: the daemon needs `up` only, not every command's imports
+    argv = [sys.executable, "-m", "stack.up", _DAEMON_FLAG, "--host", args.host]
+    argv += ["--grace", repr(args.grace), "--timeout", repr(args.timeout)]
+    if args.port_base is not None:
+        argv += ["--port-base", str(args.port_base)]
+    for item in args.scale:
+        argv += ["--scale", item]
+    for item in args.port:
+        argv += ["--port", item]
+    return argv
+
+
+def _detach(args: argparse.Namespace, paths: StackPaths) -> int:
+    # Find Redis here too, so a missing one is reported on this terminal, at once, not in a log file.
+    asyncio.run(plan_redis(get_settings().redis_url))
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    paths.state_file.unlink(missing_ok=True)  # stale: no supervisor is running
+    with paths.supervisor_log.open("ab") as log:
+        daemon = subprocess.Popen(
+            _daemon_argv(args),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + args.timeout + 15  # plus Redis start and the interpreter's own start
+    try:
+        while True:
+            state = read_state(paths)
+            if state is not None and state.supervisor_pid == daemon.pid:
+                if state.phase == "ready":
+                    print(render_stack(state))
+                    print(
+                        f"{READY_PHRASE} in {state.ready_after_s or 0:.1f}s (supervisor pid {daemon.pid}; `concierge down` stops it)"
+                    )
+                    # the daemon outlives us on purpose; it is no longer our child to wait for
+                    daemon.returncode = 0
+                    return EXIT_OK
+                if state.phase == "failed":
+                    # it stops what it started on its own; return only once it has
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        daemon.wait(timeout=args.grace + 30)
+                    raise StartupError(state.error or "start-up failed")
+            code = daemon.poll()
+            if code is not None:
+                raise StartupError(
+                    f"the supervisor exited with {code}: {last_line(paths.supervisor_log) or 'no output'}"
+                )
+            if time.monotonic() > deadline:
+                _stop_daemon(daemon.pid)
+                raise StartupError(f"no answer from the supervisor in time; see {paths.supervisor_log}")
+            time.sleep(_POLL_S)
+    except KeyboardInterrupt:
+        _stop_daemon(daemon.pid)
+        return EXIT_INTERRUPTED
+
+
+def _stop_daemon(pid: int) -> None:
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stack.up [up options]``: ``concierge up`` alone (how ``--detach`` starts the daemon)."""
+    parser = argparse.ArgumentParser(prog="concierge")
+    register_up(parser.add_subparsers())
+    args = parser.parse_args(["up", *(sys.argv[1:] if argv is None else argv)])
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""One answer per exception: every class raised across a boundary, the code, HTTP status and retryable it gets.
+
+The HTTP edge, the A2A skill errors and the booking saga all read ``infra.error_table``; this test pins the table
+and checks that no other module keeps an exception → code mapping of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from domain.booking import ErrorCode, InvalidStayError
+from infra.a2a import (
+    A2AError,
+    A2AProtocolError,
+    A2ASkillError,
+    A2ATimeoutError,
+    A2AUnauthorizedError,
+    A2AUnavailableError,
+    SkillFailure,
+)
+from infra.clients import (
+    IdempotencyMismatchError,
+    InvalidProviderRequestError,
+    NoAvailabilityError,
+    PaymentDeclinedError,
+    ProviderConflictError,
+    ProviderError,
+    ProviderNotFoundError,
+    ProviderUnavailableError,
+)
+from infra.error_table import TABLE, answer_for, skill_failure_from
+from resilience import (
+    BudgetExhaustedError,
+    BulkheadFullError,
+    BulkheadTimeoutError,
+    CircuitOpenError,
+    NonRetryableError,
+    ResilienceError,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _Model(BaseModel):
+    n: int
+
+
+def _validation_error() -> ValidationError:
+    try:
+        _Model.model_validate({"n": "x"})
+    except ValidationError as exc:
+        return exc
+    raise AssertionError("expected a ValidationError")
+
+
+class _Coded(NonRetryableError):
+    code = "payment_declined"
+
+
+# (exception, code, HTTP status, retryable)
+CASES: list[tuple[BaseException, str, int, bool]] = [
+    # business answers: said once, never retried
+    (SkillFailure("payment_declined", "card declined"), "payment_declined", 402, False),
+    (SkillFailure("unknown_thing", "a code of the handler's own"), "unknown_thing", 422, False),
+    (A2ASkillError("no_availability", "full"), "no_availability", 409, False),
+    (InvalidStayError("checkout", "must be after checkin"), "invalid_request", 422, False),
+    (_validation_error(), "invalid_request", 422, False),
+    (NoAvailabilityError("full", provider="hotel-api", status_code=409), "no_availability", 409, False),
+    (PaymentDeclinedError("declined", provider="payment-api", status_code=402), "payment_declined", 402, False),
+    (ProviderConflictError("cancelled", provider="hotel-api", status_code=409), "rejected", 422, False),
+    (ProviderNotFoundError("no such hotel", provider="hotel-api", status_code=404), "rejected", 422, False),
+    (InvalidProviderRequestError("bad", provider="hotel-api", status_code=400), "rejected", 422, False),
+    (IdempotencyMismatchError("reused", provider="hotel-api", status_code=422), "rejected", 422, False),
+    (_Coded("declined"), "payment_declined", 402, False),
+    (NonRetryableError("no code"), "rejected", 422, False),
+    # out of time
+    (BudgetExhaustedError("spent"), "timeout", 504, False),
+    (A2ATimeoutError("late"), "timeout", 504, False),
+    (BulkheadTimeoutError("search_agent", 2.0), "timeout", 504, True),
+    (TimeoutError("slow"), "timeout", 504, True),
+    # a dependency or our capacity: worth another try later
+    (BulkheadFullError("booking_agent", 10, 0.1), "bulkhead_full", 503, True),
+    (CircuitOpenError("hotel_api", 3.0), "provider_unavailable", 503, True),
+    (A2AUnavailableError("connection refused"), "provider_unavailable", 503, True),
+    (A2AUnauthorizedError("token refused", status_code=401), "provider_unavailable", 503, False),
+    (A2AProtocolError("bad reply"), "provider_unavailable", 503, False),
+    (A2AError("no result"), "provider_unavailable", 503, False),
+    (ProviderUnavailableError("503", provider="hotel-api", status_code=503), "provider_unavailable", 503, True),
+    (ProviderError("odd answer", provider="hotel-api"), "provider_unavailable", 503, True),
+    (ResilienceError("some layer"), "unavailable", 503, True),
+    # everything else is a bug or an outage of our own: logged, never sent
+    (RuntimeError("boom"), "internal", 500, True),
+    (KeyError("x"), "internal", 500, True),
+]
+
+
+@pytest.mark.parametrize(("exc", "code", "status", "retryable"), CASES, ids=lambda v: type(v).__name__)
+def test_each_exception_gets_one_answer(exc: BaseException, code: str, status: int, retryable: bool) -> None:
+    answer = answer_for(exc)
+    assert (answer.code, answer.status, answer.retryable) == (code, status, retryable)
+
+
+def test_every_row_of_the_table_is_exercised_above() -> None:
+    covered = {type(exc) for exc, *_ in CASES}
+    for cls, _code, _retryable in TABLE:
+        assert any(issubclass(c, cls) for c in covered), f"{cls.__name__} has no case"
+
+
+def test_a_subclass_row_is_never_shadowed_by_an_earlier_base() -> None:
+    for i, (cls, *_rest) in enumerate(TABLE):
+        for earlier, *_ in TABLE[:i]:
+            assert not issubclass(cls, earlier), f"{cls.__name__} comes after its base {earlier.__name__}"
+
+
+def test_every_code_has_one_http_status() -> None:
+    assert {code: code.http_status for code in ErrorCode}  # raises KeyError if a code has none
+
+
+def test_a_skill_answers_dependency_trouble_as_a_business_error_and_lets_bugs_through() -> None:
+    failure = skill_failure_from(CircuitOpenError("hotel_api", 1.0))
+    assert isinstance(failure, SkillFailure) and failure.code == "provider_unavailable"
+    bug = RuntimeError("bug")
+    assert skill_failure_from(bug) is bug
+
+
+# Code that turns an exception into an error code on its own: ``isinstance(exc, X)`` next to a code literal.
+_SECOND_MAPPING = re.compile(
+    r"isinstance\(\w+, [^)]*(Error|Exception)[^)]*\)[^\n]*\n[^\n]*(return|raise)[^\n]*"
+    r"(\"(timeout|provider_unavailable|circuit_open|bulkhead_\w+|unavailable|invalid_request|no_availability)\""
+    r"|ErrorCode\.)"
+)
+
+
+def test_no_second_exception_to_code_mapping_in_the_code() -> None:
+    packages = ["stack", "agents", "providers", "recovery", "runs", "graph", "infra", "domain", "resilience"]
+    offenders = [
+        str(path.relative_to(ROOT))
+        for package in packages
+        for path in (ROOT / package).rglob("*.py")
+        if path.name != "error_table.py" and _SECOND_MAPPING.search(path.read_text())
+    ]
+    assert offenders == []
