@@ -20,6 +20,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from graph.contract import F, check_node, thread_id_of
 from resilience.budget import remaining_budget
+from resilience.switches import Restore
 
 TRACER_NAME = "concierge.graph"
 ATTR_NODE = "langgraph.node"
@@ -42,15 +43,20 @@ _provider_override: trace.TracerProvider | None = None
 _tracer_cache: _TracerEntry | None = None
 
 
-def use_tracer_provider(provider: trace.TracerProvider | None) -> trace.TracerProvider | None:
-    """Make ``traced_node`` use ``provider`` instead of the global one (``None``: back to global); returns the old.
+def use_tracer_provider(provider: trace.TracerProvider | None) -> Restore[trace.TracerProvider | None]:
+    """Make ``traced_node`` use ``provider`` instead of the global one (``None``: back to global).
 
-    The global provider can be set only once per process, so tests inject their own here.
+    The global provider can be set only once per process, so tests inject their own here:
+    ``with use_tracer_provider(provider): ...`` puts the previous one back on exit.
     """
     global _provider_override
-    old = _provider_override
+    old, _provider_override = _provider_override, provider
+    return Restore(old, _put_provider)
+
+
+def _put_provider(provider: trace.TracerProvider | None) -> None:
+    global _provider_override
     _provider_override = provider
-    return old
 
 
 def _tracer() -> _TracerEntry:

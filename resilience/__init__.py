@@ -78,6 +78,7 @@ from resilience.retry import (
     set_testing,
     with_retry,
 )
+from resilience.switches import Restore
 
 __all__ = [
     "BUDGET_HEADER",
@@ -112,6 +113,7 @@ __all__ = [
     "ResilienceError",
     "ResilienceEvent",
     "ResiliencePolicy",
+    "Restore",
     "RetryConfig",
     "RetryGaveUp",
     "RetryScheduled",

@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from resilience.errors import BudgetExhaustedError
+from resilience.switches import Restore
 
 BUDGET_HEADER = "X-Timeout-Budget"
 
@@ -50,8 +51,11 @@ def configure_budget(
     margin: float | None = None,
     minimum_call: float | None = None,
     clock: Callable[[], float] | None = None,
-) -> BudgetDefaults:
-    """Replace the process-wide defaults (at start-up or in tests; never per request). Returns the old ones."""
+) -> Restore[BudgetDefaults]:
+    """Replace the process-wide defaults (at start-up or in tests; never per request).
+
+    In effect at once; leaving ``with configure_budget(...):`` (or ``.restore()``) puts the old ones back.
+    """
     global _defaults
     old = _defaults
     _defaults = BudgetDefaults(
@@ -60,10 +64,11 @@ def configure_budget(
         minimum_call=old.minimum_call if minimum_call is None else minimum_call,
         clock=old.clock if clock is None else clock,
     )
-    return old
+    return Restore(old, restore_budget_defaults)
 
 
 def restore_budget_defaults(defaults: BudgetDefaults) -> None:
+    """Put ``defaults`` back (what leaving a ``configure_budget`` block does)."""
     global _defaults
     _defaults = defaults
 

@@ -35,6 +35,7 @@ from resilience.budget import remaining_budget
 from resilience.circuit_breaker import CircuitBreaker, CircuitState
 from resilience.errors import BudgetExhaustedError, CircuitOpenError, NonRetryableError
 from resilience.events import RetryGaveUp, RetryScheduled, emit
+from resilience.switches import Restore
 
 __all__ = [
     "NO_RETRY",
@@ -106,8 +107,17 @@ _STOP: tuple[type[BaseException], ...] = (NonRetryableError, CircuitOpenError, B
 _testing = False
 
 
-def set_testing(enabled: bool) -> None:
-    """Testing mode: retries happen (delays computed, events emitted, budget checked) but nobody waits."""
+def set_testing(enabled: bool) -> Restore[bool]:
+    """Testing mode: retries happen (delays computed, events emitted, budget checked) but nobody waits.
+
+    In effect at once; ``with set_testing(True): ...`` turns it back off (to what it was) on exit.
+    """
+    global _testing
+    previous, _testing = _testing, enabled
+    return Restore(previous, _put_testing)
+
+
+def _put_testing(enabled: bool) -> None:
     global _testing
     _testing = enabled
 

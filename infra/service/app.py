@@ -42,7 +42,6 @@ from infra.telemetry import configure_telemetry, shutdown_telemetry
 from resilience import (
     circuit_registry,
     configure_budget,
-    restore_budget_defaults,
 )
 from resilience.errors import CircuitOpenError
 
@@ -143,7 +142,7 @@ def create_service_app(
         settings = get_settings()
         configure_logging(service_name, settings.log_level)
         configure_telemetry(service_name)
-        previous_budget = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
+        budget_defaults = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
         install_resilience_metrics()
         _apply_circuit_overrides(settings.circuit_overrides)
         app.state.service = ServiceInfo(service_name, _instance_id(), time.monotonic())
@@ -160,7 +159,7 @@ def create_service_app(
             try:
                 await redis.aclose()
             finally:
-                restore_budget_defaults(previous_budget)
+                budget_defaults.restore()
                 shutdown_telemetry()
                 logger.info("%s stopped", service_name)
 

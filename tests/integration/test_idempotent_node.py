@@ -36,7 +36,7 @@ from graph import (
     use_tracer_provider,
 )
 from infra.redis import create_redis, key
-from resilience import BudgetExhaustedError, budget_scope, configure_budget, restore_budget_defaults
+from resilience import BudgetExhaustedError, budget_scope, configure_budget
 
 NAME = "reserve"
 FIELDS = ["booking_id", "hotel_id"]
@@ -260,12 +260,10 @@ async def test_waiter_outside_a_budget_scope_is_bounded_by_the_default_budget(re
     owner_body = Body("owner", gate=gate)
     owner = asyncio.create_task(make(redis, owner_body)(STATE, CONFIG))
     await asyncio.wait_for(owner_body.started.wait(), 5)
-    old = configure_budget(default=0.3)
     try:
-        with pytest.raises(BudgetExhaustedError):
+        with configure_budget(default=0.3), pytest.raises(BudgetExhaustedError):
             await asyncio.wait_for(make(redis, Body("waiter"))(STATE, CONFIG), 5)
     finally:
-        restore_budget_defaults(old)
         gate.set()
         await owner
 
@@ -449,11 +447,10 @@ def spans() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    old = use_tracer_provider(provider)
     try:
-        yield exporter
+        with use_tracer_provider(provider):
+            yield exporter
     finally:
-        use_tracer_provider(old)
         provider.shutdown()
 
 

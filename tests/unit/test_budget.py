@@ -12,7 +12,6 @@ from resilience import (
     outgoing_budget_headers,
     parse_budget_header,
     remaining_budget,
-    restore_budget_defaults,
 )
 from tests.fakes import FakeClock
 
@@ -20,9 +19,8 @@ from tests.fakes import FakeClock
 @pytest.fixture
 def clock():
     fake = FakeClock()
-    old = configure_budget(clock=fake, default=30.0, margin=0.05, minimum_call=0.05)
-    yield fake
-    restore_budget_defaults(old)
+    with configure_budget(clock=fake, default=30.0, margin=0.05, minimum_call=0.05):
+        yield fake
 
 
 def test_default_budget_outside_any_scope(clock):

@@ -29,8 +29,8 @@ from resilience import (
     backoff_delay,
     budget_scope,
     configure_budget,
+    is_testing,
     remove_hook,
-    restore_budget_defaults,
     set_testing,
     with_retry,
 )
@@ -311,8 +311,7 @@ async def test_never_sleeps_past_the_budget() -> None:
 )
 def test_total_sleep_never_exceeds_the_budget(budget: float, attempts: int, base: float, seed: int) -> None:
     clock = FakeClock()
-    old = configure_budget(clock=clock)
-    try:
+    with configure_budget(clock=clock):
         sleep = Recorder(clock)
         cfg = RetryConfig(max_attempts=attempts, base_delay=base, max_delay=20.0)
         fn = Script(*(Flaky() for _ in range(attempts)))
@@ -324,14 +323,11 @@ def test_total_sleep_never_exceeds_the_budget(budget: float, attempts: int, base
         asyncio.run(run())
         assert sum(sleep.delays) < budget
         assert len(sleep.delays) == fn.calls - 1
-    finally:
-        restore_budget_defaults(old)
 
 
 async def test_budget_running_out_midway_stops_before_the_wait_that_would_outlast_it() -> None:
     clock = FakeClock()
-    old = configure_budget(clock=clock)
-    try:
+    with configure_budget(clock=clock):
         sleep = Recorder(clock)
         fn = Script(Flaky(), Flaky(), Flaky())
         with budget_scope(2.5), pytest.raises(BudgetExhaustedError):
@@ -339,8 +335,6 @@ async def test_budget_running_out_midway_stops_before_the_wait_that_would_outlas
         # waited 1 s (1.5 s left), then a 2 s wait would have outlasted the budget
         assert sleep.delays == [1.0]
         assert fn.calls == 2
-    finally:
-        restore_budget_defaults(old)
 
 
 async def test_budget_exhausted_from_inside_fn_is_not_retried() -> None:
@@ -380,16 +374,14 @@ async def test_each_retry_is_a_log_line_and_an_event(
 
 
 async def test_testing_mode_removes_the_waits_but_keeps_the_retries(events: list[ResilienceEvent]) -> None:
-    set_testing(True)
-    try:
+    with set_testing(True):
         fn = Script(Flaky(), Flaky())
         started = time.monotonic()
         assert await with_retry(fn, config=RetryConfig(max_attempts=3, base_delay=10.0, jitter=False)) == "ok"
         assert time.monotonic() - started < 1.0
         assert fn.calls == 3
         assert [e.delay for e in events if isinstance(e, RetryScheduled)] == [10.0, 20.0]
-    finally:
-        set_testing(False)
+    assert not is_testing()  # put back on leaving the block
 
 
 async def test_kwargs_reach_fn() -> None:

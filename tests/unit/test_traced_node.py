@@ -30,11 +30,10 @@ class State(TypedDict, total=False):
 @pytest.fixture
 def provider() -> Iterator[TracerProvider]:
     provider = TracerProvider(resource=Resource.create({"service.name": "booking-agent"}))
-    old = use_tracer_provider(provider)
     try:
-        yield provider
+        with use_tracer_provider(provider):
+            yield provider
     finally:
-        use_tracer_provider(old)
         provider.shutdown()
 
 
