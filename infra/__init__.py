@@ -1,21 +1,8 @@
-"""The world outside the graphs: settings, Redis, telemetry, HTTP, A2A, the service shell, the providers.
+"""Adapters to the world outside the graphs: settings, Redis, HTTP, telemetry, the checkpointer, the service shell
+(``infra.service``), A2A (``infra.a2a``), the provider clients and their wire contract (``infra.clients``), the
+booking record store (``infra.bookings``) and the one error table (``infra.error_table``).
 
-Import the heavier pieces from their modules: ``infra.service`` (``create_service_app``), ``infra.a2a``,
-``infra.checkpointer``, ``infra.providers``; this package namespace keeps only what every process needs.
+Import from the modules: each is small and says what it is for; this namespace re-exports nothing.
 """
 
-from infra.bookings import BookingStore
-from infra.http import create_http_client
-from infra.redis import create_redis, key
-from infra.settings import Settings, get_settings
-from infra.telemetry import configure_telemetry
-
-__all__ = [
-    "BookingStore",
-    "Settings",
-    "configure_telemetry",
-    "create_http_client",
-    "create_redis",
-    "get_settings",
-    "key",
-]
+__all__: list[str] = []

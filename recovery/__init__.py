@@ -4,9 +4,11 @@ A run whose lease expired is found by the ``OrphanScanner`` and handed to the ``
 goes to the ``DeadLetterQueue``); a ``RecoveryConsumer`` takes it from the ``RecoveryQueue`` (redelivered if that
 consumer dies too), acquires the lease with a higher fence and resumes it with ``runs.execute_run``. The service
 that runs scanner and consumer is ``agents.recovery_worker``.
+
+The consumer lives in ``recovery.consumer``, imported by that path: it pulls in LangGraph (about a second), which
+the operator commands on the queue and the DLQ (``concierge dlq``) do not need.
 """
 
-from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer, RecoveryOutcome
 from recovery.errors import RecoveryError, RecoveryStoreError
 from recovery.queue import (
     AckOutcome,
@@ -23,7 +25,6 @@ from recovery.scanner import OrphanScanner
 
 __all__ = [
     "AckOutcome",
-    "ConsumerConfig",
     "DLQEntry",
     "DeadLetterQueue",
     "Delivery",
@@ -32,10 +33,7 @@ __all__ = [
     "OrphanScanner",
     "QueueConfig",
     "QueueGuard",
-    "RecoverableGraph",
-    "RecoveryConsumer",
     "RecoveryError",
-    "RecoveryOutcome",
     "RecoveryQueue",
     "RecoveryStoreError",
 ]

@@ -2,6 +2,9 @@
 
 booking-agent creates a run (record + lease) before it answers 202 and executes it; the recovery worker acquires
 the same run with a higher fence and executes it again from its checkpoint. Both go through this package.
+
+``execute_run`` and its results live in ``runs.runner``, imported by that path: it pulls in LangGraph (about a
+second), which the operator commands that read run records (``concierge dlq``, ``recovery status``) do not need.
 """
 
 from runs.errors import LeaseLostError, RunError, RunFinalError, RunNotFoundError, RunStoreError, redis_errors
@@ -16,27 +19,21 @@ from runs.leases import (
     active_index_key,
     run_key,
 )
-from runs.runner import HandOff, RunOutcome, RunResult, execute_run, run_config
 
 __all__ = [
     "FINAL_RUN_STATUSES",
     "RECOVERY_TAG",
     "ActiveRun",
-    "HandOff",
     "LeaseLostError",
     "RunError",
     "RunFinalError",
     "RunLease",
     "RunNotFoundError",
-    "RunOutcome",
     "RunRecord",
-    "RunResult",
     "RunStatus",
     "RunStore",
     "RunStoreError",
     "active_index_key",
-    "execute_run",
     "redis_errors",
-    "run_config",
     "run_key",
 ]

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 else:
     Subparsers = argparse._SubParsersAction
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "register", "register_dlq", "register_recovery"]
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "register_dlq", "register_recovery"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -51,12 +51,6 @@ Command = Callable[[argparse.Namespace, Redis, TextIO], Awaitable[int]]
 
 class CommandError(Exception):
     """A failure the operator must read: printed as one line, exit code 1."""
-
-
-def register(subparsers: Subparsers) -> None:
-    """Add ``dlq`` and ``recovery`` to the ``concierge`` parser."""
-    register_dlq(subparsers)
-    register_recovery(subparsers)
 
 
 def register_dlq(subparsers: Subparsers) -> None:

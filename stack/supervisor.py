@@ -34,6 +34,8 @@ from typing import IO, Any, TextIO
 import httpx
 from redis.asyncio import Redis
 
+from infra.bookings import BookingStore
+from infra.redis import create_redis
 from stack.console import render_stack
 from stack.control import MAX_MESSAGE_BYTES, decode, encode
 from stack.errors import ControlError, StackAlreadyRunningError, StackError, StartupError
@@ -675,9 +677,6 @@ class Supervisor:
         ]
 
     async def _in_flight(self) -> tuple[int | None, str | None]:
-        from infra.bookings import BookingStore  # only status needs it
-        from infra.redis import create_redis
-
         if self._redis_client is None:
             self._redis_client = create_redis(self.config.redis.url, socket_connect_timeout=IN_FLIGHT_TIMEOUT_S)
         try:

@@ -21,17 +21,11 @@ from agents.recovery_worker import booking_recovery
 from graph.booking import booking_input
 from infra.bookings import BookingStore
 from infra.checkpointer import open_checkpointer
-from recovery import (
-    ConsumerConfig,
-    DeadLetterQueue,
-    QueueGuard,
-    RecoverableGraph,
-    RecoveryConsumer,
-    RecoveryOutcome,
-    RecoveryQueue,
-)
+from recovery import DeadLetterQueue, QueueGuard, RecoveryQueue
+from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer, RecoveryOutcome
 from resilience import Bulkhead, BulkheadConfig, RetryConfig
-from runs import RunStatus, RunStore, run_config
+from runs import RunStatus, RunStore
+from runs.runner import run_config
 
 GRAPH = "saga"
 
