@@ -1,0 +1,185 @@
+"""The booking saga in process: ``build_booking_graph`` against real Redis, hotel-api behind ``httpx.MockTransport``
+and the two peer agents as in-process fakes. No service process is started.
+
+Each test drives one branch of the saga and checks what the providers were asked to do, the booking record and
+the final state: a 409 moves on to the next candidate; a declined card releases the hold and charges nothing; a
+budget that runs out during the charge answers ``timeout`` and compensates (refund by reference, hold cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from redis.asyncio import Redis
+
+from graph.booking import BookingDeps, booking_input, build_booking_graph
+from infra.a2a import A2ASkillError
+from infra.bookings import BookingStore
+from infra.clients.providers import HotelApiClient
+from resilience import BudgetExhaustedError, budget_scope, bulkhead_registry, circuit_registry, set_testing
+
+CHECKIN, CHECKOUT = "2031-03-10", "2031-03-12"
+
+
+def offer(hotel_id: str, price: float) -> dict[str, Any]:
+    return {"hotel_id": hotel_id, "name": f"Hotel {hotel_id}", "price_per_night": price, "available_rooms": 3}
+
+
+class SearchAgent:
+    """search-agent's ``search_hotels``, answering with fixed offers (already ranked, as the real one does)."""
+
+    def __init__(self, offers: list[dict[str, Any]]) -> None:
+        self.offers = offers
+        self.calls: list[dict[str, Any]] = []
+
+    async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+        assert skill == "search_hotels"
+        self.calls.append(data)
+        return {"offers": self.offers}
+
+
+class PaymentAgent:
+    """payment-agent: ``charge`` decides the answer to ``charge_payment``; refunds are recorded."""
+
+    def __init__(self, charge: Callable[[dict[str, Any]], Any]) -> None:
+        self.charge = charge
+        self.charges: list[dict[str, Any]] = []
+        self.refunds: list[dict[str, Any]] = []
+
+    async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+        if skill == "refund_payment":
+            self.refunds.append(data)
+            return {"refunded": [], "reference": data["reference"]}
+        assert skill == "charge_payment"
+        self.charges.append(data)
+        result = self.charge(data)
+        return await result if asyncio.iscoroutine(result) else result
+
+
+class HotelApi:
+    """hotel-api's reservation routes over ``httpx.MockTransport``; ``full`` hotels answer 409 no_availability."""
+
+    def __init__(self) -> None:
+        self.full: set[str] = set()
+        self.requests: list[tuple[str, str]] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "POST" and path == "/reservations":
+            body = json.loads(request.content)
+            self.requests.append(("reserve", body["hotel_id"]))
+            if body["hotel_id"] in self.full:
+                return httpx.Response(409, json={"error": "no_availability", "message": "not enough rooms"})
+            return httpx.Response(
+                201,
+                json={
+                    "reservation_id": f"res-{body['hotel_id']}",
+                    "status": "held",
+                    "total_price": 200.0,
+                    "currency": "EUR",
+                },
+            )
+        reservation_id, _, action = path.removeprefix("/reservations/").partition("/")
+        self.requests.append((action, reservation_id))
+        return httpx.Response(200, json={"reservation_id": reservation_id, "status": action})
+
+
+@pytest.fixture(autouse=True)
+def fresh_layers() -> Any:
+    """No breaker or bulkhead state from another test; retries without their waits."""
+    circuit_registry.clear()
+    bulkhead_registry.clear()
+    with set_testing(True):
+        yield
+    circuit_registry.clear()
+    bulkhead_registry.clear()
+
+
+@pytest.fixture
+async def hotel_api() -> AsyncIterator[tuple[HotelApi, HotelApiClient]]:
+    api = HotelApi()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(api.handle), base_url="http://hotel-api")
+    async with HotelApiClient(http=http) as client:
+        yield api, client
+    await http.aclose()
+
+
+async def book(
+    redis: Redis, hotels: HotelApiClient, search: SearchAgent, payment: PaymentAgent, *, budget_s: float = 10.0
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one booking through the saga; its final graph state and its booking record."""
+    store = BookingStore(redis)
+    deps = BookingDeps(redis=redis, bookings=store, hotels=hotels, search_agent=search, payment_agent=payment)
+    graph = build_booking_graph(deps, InMemorySaver())
+    booking_id = uuid.uuid4().hex
+    request = {"city": "Lisbon", "checkin": CHECKIN, "checkout": CHECKOUT, "guests": 2, "payment_token": "tok_visa"}
+    await store.create(booking_id, request)
+    with budget_scope(budget_s):
+        state = await graph.ainvoke(
+            booking_input(booking_id, request), {"configurable": {"thread_id": booking_id}}, durability="sync"
+        )
+    record = await store.get(booking_id)
+    assert record is not None
+    return state, record
+
+
+async def test_a_full_hotel_moves_the_booking_to_the_next_candidate(redis: Redis, hotel_api: Any) -> None:
+    api, hotels = hotel_api
+    api.full = {"h1"}
+    payment = PaymentAgent(lambda data: {"payment_id": "pay-1", "status": "captured"})
+    state, record = await book(redis, hotels, SearchAgent([offer("h1", 90), offer("h2", 100)]), payment)
+
+    assert record["status"] == "confirmed" and record["hotel_id"] == "h2"
+    assert state["reservation_id"] == "res-h2"
+    assert api.requests == [("reserve", "h1"), ("reserve", "h2"), ("confirm", "res-h2")]
+    assert [c["reference"] for c in payment.charges] == [record["booking_id"]]
+    assert payment.refunds == []
+
+
+async def test_a_declined_card_releases_the_hold_and_refunds_nothing(redis: Redis, hotel_api: Any) -> None:
+    api, hotels = hotel_api
+
+    def decline(data: dict[str, Any]) -> dict[str, Any]:
+        raise A2ASkillError("payment_declined", "card declined: insufficient funds")
+
+    payment = PaymentAgent(decline)
+    _state, record = await book(redis, hotels, SearchAgent([offer("h1", 90)]), payment)
+
+    assert record["status"] == "failed"
+    assert record["error"]["code"] == "payment_declined"
+    assert api.requests == [("reserve", "h1"), ("cancel", "res-h1")]
+    assert payment.refunds == []  # declined: nothing was captured
+
+
+async def test_a_budget_that_runs_out_during_the_charge_answers_timeout_and_compensates(
+    redis: Redis, hotel_api: Any
+) -> None:
+    api, hotels = hotel_api
+
+    def out_of_time(data: dict[str, Any]) -> dict[str, Any]:
+        raise BudgetExhaustedError("payment-agent did not answer within the budget")
+
+    payment = PaymentAgent(out_of_time)
+    _state, record = await book(redis, hotels, SearchAgent([offer("h1", 90)]), payment)
+
+    assert record["status"] == "failed"
+    assert record["error"]["code"] == "timeout"
+    # the charge may have been captured without an answer: refund by reference, then release the hold
+    assert payment.refunds == [{"reference": record["booking_id"], "payment_id": None}]
+    assert api.requests == [("reserve", "h1"), ("cancel", "res-h1")]
+
+
+async def test_no_offer_fails_the_booking_without_touching_a_provider(redis: Redis, hotel_api: Any) -> None:
+    api, hotels = hotel_api
+    payment = PaymentAgent(lambda data: {"payment_id": "never", "status": "captured"})
+    _state, record = await book(redis, hotels, SearchAgent([]), payment)
+
+    assert record["status"] == "failed" and record["error"]["code"] == "no_availability"
+    assert api.requests == [] and payment.charges == []
