@@ -18,13 +18,13 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import date, timedelta
+from datetime import date
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
-from domain.booking import MAX_GUESTS, MIN_GUESTS, check_nights, parse_iso_date
+from domain.booking import MAX_GUESTS, MIN_GUESTS, check_checkin, check_nights, parse_iso_date
 from graph.booking import BookingDeps, booking_input, build_booking_graph, open_booking_deps
 from infra.a2a.server import Skill, mount_a2a
 from infra.bookings import BookingStore
@@ -61,10 +61,8 @@ class BookingRequest(BaseModel):
 
     @field_validator("checkin")
     @classmethod
-    def not_in_past(cls, checkin: date) -> date:
-        if checkin < date.today() - timedelta(days=1):  # a day of slack for time zones
-            raise ValueError("must not be in the past")
-        return checkin
+    def within_horizon(cls, checkin: date) -> date:
+        return check_checkin(checkin, date.today())
 
     @field_validator("checkout")
     @classmethod

@@ -8,6 +8,7 @@ reference, so a repeated call (a retry, a recovered booking) lands on the same i
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -69,8 +70,8 @@ async def _run(operation: str, state: dict[str, Any]) -> dict[str, Any]:
 
 async def charge_payment(data: dict[str, Any]) -> dict[str, Any]:
     amount = _require(data, "amount", (int, float))
-    if amount <= 0:
-        raise SkillFailure(ErrorCode.INVALID_REQUEST, "amount: must be positive")
+    if not math.isfinite(amount) or amount <= 0:
+        raise SkillFailure(ErrorCode.INVALID_REQUEST, "amount: must be a positive, finite number")
     state = {
         "amount": float(amount),
         "currency": _require(data, "currency", str),

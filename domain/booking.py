@@ -16,6 +16,7 @@ __all__ = [
     "FINAL_BOOKING_STATUSES",
     "GUESTS_PER_ROOM",
     "ISO_DATE_PATTERN",
+    "MAX_DAYS_AHEAD",
     "MAX_GUESTS",
     "MAX_NIGHTS",
     "MIN_GUESTS",
@@ -23,6 +24,7 @@ __all__ = [
     "BookingStatus",
     "ErrorCode",
     "InvalidStayError",
+    "check_checkin",
     "check_guests",
     "check_nights",
     "nights_between",
@@ -38,6 +40,8 @@ MIN_GUESTS: Final = 1
 MAX_GUESTS: Final = 8
 GUESTS_PER_ROOM: Final = 2
 """Rooms are for two: a party of ``guests`` takes ``ceil(guests / 2)`` rooms every night."""
+MAX_DAYS_AHEAD: Final = 730
+"""A booking's check-in is at most two years ahead (and not in the past, a day of slack for time zones)."""
 ISO_DATE_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}$"
 """Dates are written ``YYYY-MM-DD`` and nothing else: no timestamps, no datetimes."""
 _ISO_DATE = re.compile(ISO_DATE_PATTERN)
@@ -71,6 +75,15 @@ def rooms_for(guests: int) -> int:
 def nights_between(checkin: date, checkout: date) -> list[date]:
     """Every night of the stay: checkin up to, not including, checkout."""
     return [checkin + timedelta(days=i) for i in range((checkout - checkin).days)]
+
+
+def check_checkin(checkin: date, today: date) -> date:
+    """``checkin``, or ``ValueError`` when it is in the past or beyond the booking horizon (``MAX_DAYS_AHEAD``)."""
+    if checkin < today - timedelta(days=1):
+        raise ValueError("must not be in the past")
+    if checkin > today + timedelta(days=MAX_DAYS_AHEAD):
+        raise ValueError(f"must be within {MAX_DAYS_AHEAD} days from today")
+    return checkin
 
 
 def check_nights(checkin: date, checkout: date) -> int:

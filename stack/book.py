@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from domain.booking import FINAL_BOOKING_STATUSES, PROGRESS, parse_iso_date
+from domain.booking import FINAL_BOOKING_STATUSES, MAX_NIGHTS, PROGRESS, check_checkin, parse_iso_date
 from infra.settings import get_settings
 from stack.console import EXIT_FAILURE, EXIT_OK, Subparsers, one_line_errors, stack_paths
 from stack.control import supervisor_running
@@ -59,7 +59,7 @@ def _positive_int(value: str, option: str) -> int:
 
 def _checkin(value: str) -> date:
     try:
-        return parse_iso_date(value)
+        return check_checkin(parse_iso_date(value), date.today())
     except ValueError as exc:
         raise UsageError(f"bad date {value!r} for --checkin: {exc}") from None
 
@@ -68,6 +68,8 @@ def booking_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST /bookings body for the command's arguments (``UsageError`` for a bad date or number)."""
     checkin = _checkin(args.checkin)
     nights = _positive_int(args.nights, "--nights")
+    if nights > MAX_NIGHTS:
+        raise UsageError(f"--nights must be at most {MAX_NIGHTS}, got {nights}")
     guests = _positive_int(args.guests, "--guests")
     body: dict[str, Any] = {
         "city": args.city,

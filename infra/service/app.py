@@ -20,6 +20,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
 
@@ -67,6 +69,25 @@ def _telemetry() -> TelemetryConfig:
     against 0.46 ms for this (the bare request: 0.68 ms).
     """
     return {"tracing": True, "metrics": False, "logs": False, "operation_spans": False, "exclude": _untraced}
+
+
+ECHO_LIMIT = 64
+"""At most this many characters of an offending value go back in a 422 (a 10 KB header is not echoed whole)."""
+
+
+def _short(value: object) -> object:
+    # JSON-safe and short, or a truncated repr: ``inf`` from ``1e400`` is not JSON, a 10 KB value is not an answer
+    if value is None or isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= ECHO_LIMIT else f"{text[:ECHO_LIMIT]}… ({len(text)} characters)"
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 (``detail``: one entry per field, ``loc`` naming it), each ``input`` cut to a short prefix."""
+    assert isinstance(exc, RequestValidationError)
+    detail = [{**error, "input": _short(error["input"])} if "input" in error else error for error in exc.errors()]
+    return JSONResponse({"detail": jsonable_encoder(detail)}, status_code=422)
 
 
 async def _answer(request: Request, exc: Exception) -> JSONResponse:
@@ -172,6 +193,7 @@ def create_service_app(
     app.add_middleware(BudgetMiddleware)
     app.add_middleware(ErrorBoundaryMiddleware)
     app.add_middleware(RequestMetricsMiddleware, service_name=service_name)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     for exc_class, _code, _retryable in TABLE:
         if exc_class is not Exception:  # the rest is the error boundary's: logged, 500, nothing sent
             app.add_exception_handler(exc_class, _answer)

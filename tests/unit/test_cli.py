@@ -4,6 +4,7 @@ backoff, the state file, status rendering and log streaming. No network; the few
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import io
 import os
 import subprocess
@@ -26,6 +27,8 @@ from stack.services import SERVICES, UnknownServiceError
 from stack.state import InstanceState, RedisState, StackPaths, StackState, pid_alive, read_state, write_state
 from stack.status import StackReport, render_report
 from stack.supervisor import RestartPolicy, describe_exit
+
+SOON = dt.date.today() + dt.timedelta(days=40)
 
 
 @pytest.fixture
@@ -172,8 +175,11 @@ def test_a_stale_state_file_is_not_a_running_stack(data_dir: Path, capsys: pytes
     [
         (("--checkin", "2027-13-01"), "not a calendar date"),
         (("--checkin", "10/01/2027"), "YYYY-MM-DD"),
-        (("--checkin", "2027-01-10", "--nights", "0"), "--nights must be at least 1"),
-        (("--checkin", "2027-01-10", "--guests", "two"), "--guests must be a whole number"),
+        (("--checkin", SOON.isoformat(), "--nights", "0"), "--nights must be at least 1"),
+        (("--checkin", SOON.isoformat(), "--nights", "31"), "--nights must be at most 30"),
+        (("--checkin", SOON.isoformat(), "--guests", "two"), "--guests must be a whole number"),
+        (("--checkin", "2020-01-10"), "must not be in the past"),
+        (("--checkin", "9999-12-30"), "must be within 730 days"),
     ],
 )
 def test_bad_booking_arguments_are_refused_before_any_request(
@@ -207,11 +213,13 @@ def test_bad_options_are_usage_errors(
 
 
 def test_booking_body_turns_nights_into_a_checkout() -> None:
-    args = argparse.Namespace(city="Lisbon", checkin="2027-01-30", nights="3", guests="2", card="tok_visa", hotel=None)
+    args = argparse.Namespace(
+        city="Lisbon", checkin=SOON.isoformat(), nights="3", guests="2", card="tok_visa", hotel=None
+    )
     assert booking_body(args) == {
         "city": "Lisbon",
-        "checkin": "2027-01-30",
-        "checkout": "2027-02-02",
+        "checkin": SOON.isoformat(),
+        "checkout": (SOON + dt.timedelta(days=3)).isoformat(),
         "guests": 2,
         "payment_token": "tok_visa",
     }
