@@ -54,6 +54,8 @@ async def _postgres(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
         min_size=1,
         max_size=10,
         open=False,
+        # a connection the server dropped (pg_terminate_backend, a restart) is found and replaced on checkout
+        check=AsyncConnectionPool.check_connection,
         kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
     )
     await pool.open(wait=True, timeout=10)

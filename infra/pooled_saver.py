@@ -33,11 +33,13 @@ there, not in production.
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -49,12 +51,19 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
-from psycopg import AsyncCursor
+from psycopg import AsyncCursor, OperationalError
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["MAX_PARAMS_PER_STATEMENT", "PooledPostgresSaver"]
+__all__ = ["DROPPED_CONNECTION_ATTEMPTS", "MAX_PARAMS_PER_STATEMENT", "PooledPostgresSaver"]
+
+logger = logging.getLogger(__name__)
+
+DROPPED_CONNECTION_ATTEMPTS = 3
+"""A write or read that meets a dropped connection (``pg_terminate_backend``, a restarted server, a proxy timeout)
+is tried again on another connection of the pool, this many times in all. Every statement here is an upsert or a
+read, so running one twice changes nothing."""
 
 MAX_PARAMS_PER_STATEMENT = 50
 """Larger batches go through ``executemany``. psycopg caches the parsing of a query only up to 50 parameters
@@ -83,8 +92,35 @@ def _flatten(rows: Sequence[Sequence[Any]]) -> list[Any]:
 _WRITE_KEY = (0, 1, 2, 3, 5)
 
 
+P = ParamSpec("P")
+S = TypeVar("S", bound=AsyncPostgresSaver)
+T = TypeVar("T")
+
+
+def _on_a_live_connection(
+    method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+    """Retry ``method`` when its connection turns out dead; the pool checks and replaces connections on checkout."""
+
+    @functools.wraps(method)
+    async def retrying(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        for attempt in range(1, DROPPED_CONNECTION_ATTEMPTS + 1):
+            try:
+                return await method(self, *args, **kwargs)
+            except OperationalError as exc:
+                if attempt == DROPPED_CONNECTION_ATTEMPTS or not isinstance(self.conn, AsyncConnectionPool):
+                    raise
+                logger.warning("checkpointer: %s failed on a dead connection (%s); again", method.__name__, exc)
+        raise AssertionError("unreachable")
+
+    return retrying
+
+
 class PooledPostgresSaver(AsyncPostgresSaver):
-    """``AsyncPostgresSaver`` without the process-wide lock (on a pool) and without the serialisation thread."""
+    """``AsyncPostgresSaver`` without the process-wide lock (on a pool) and without the serialisation thread; a
+    call that meets a dropped connection is run again on another one (``DROPPED_CONNECTION_ATTEMPTS``)."""
+
+    aget_tuple = _on_a_live_connection(AsyncPostgresSaver.aget_tuple)
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
@@ -100,6 +136,7 @@ class PooledPostgresSaver(AsyncPostgresSaver):
                 async with conn.cursor(binary=True, row_factory=dict_row) as cur:
                     yield cur
 
+    @_on_a_live_connection
     async def aput(
         self,
         config: RunnableConfig,
@@ -152,6 +189,7 @@ class PooledPostgresSaver(AsyncPostgresSaver):
             "configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
         }
 
+    @_on_a_live_connection
     async def aput_writes(
         self,
         config: RunnableConfig,

@@ -170,6 +170,42 @@ async def test_pooled_saver_runs_many_threads_at_once(postgres_url: str) -> None
         assert state.values["order"] == "o-7" and not state.next
 
 
+def _terminate_backends(url: str) -> int:
+    """``pg_terminate_backend`` on every other connection to the test database: what an admin or a failover does."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+async def test_dropped_connections_cost_time_not_runs(postgres_url: str) -> None:
+    async with open_checkpointer(postgres_url) as saver:
+        graph = step_graph(saver)
+
+        async def run(i: int) -> dict[str, Any]:
+            config = {"configurable": {"thread_id": f"dropped-{i}"}}
+            return dict(await graph.ainvoke({"order": f"o-{i}"}, config, durability="sync"))
+
+        await asyncio.gather(*(run(i) for i in range(5)))  # the pool holds several open connections now
+        assert _terminate_backends(postgres_url) >= 1
+        results = await asyncio.wait_for(asyncio.gather(*(run(i) for i in range(5, 15))), timeout=60)
+        assert {r["status"] for r in results} == {"confirmed"}
+
+        # and while runs are writing: every run still ends, each step written once
+        async def terminate_while_running() -> None:
+            for _ in range(3):
+                await asyncio.sleep(0.02)
+                await asyncio.to_thread(_terminate_backends, postgres_url)
+
+        runs = asyncio.gather(*(run(i) for i in range(15, 45)))
+        await asyncio.wait_for(asyncio.gather(runs, terminate_while_running()), timeout=60)
+        for i in range(15, 45):
+            state = await graph.aget_state({"configurable": {"thread_id": f"dropped-{i}"}})
+            assert state.values["status"] == "confirmed" and state.values["count"] == 3 and not state.next
+
+
 # ----------------------------------------------------- PooledPostgresSaver, one statement per call and its limits
 
 Call = Callable[[BaseCheckpointSaver[str], str], Awaitable[Any]]
