@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
-	$(BIN)/python bench/resilience_overhead.py
+	$(BIN)/python -m bench.resilience_overhead
 
 # The whole stack as local processes until Ctrl-C; e.g. make up UP_ARGS="--detach --scale booking-agent=2".
 up: $(STAMP)

@@ -9,8 +9,10 @@ in a shared Redis, a bare FastAPI→FastAPI pair as a baseline, and CPU/memory r
 Leaving either block kills every process it started (SIGKILL to the process group), and ``service_stack`` also
 drops the database, deletes the Redis keys under the prefix and removes the log directory.
 
-The two ``hop_*_app`` factories are what ``hop_pair`` serves (``uvicorn --factory _stack:hop_front_app``); they
-are as small as a FastAPI app gets, so a request to the front costs the framework and the loopback, nothing else.
+The two ``hop_*_app`` factories are what ``hop_pair`` serves (``uvicorn --factory bench._stack:hop_front_app``,
+started by ``tests.procs.Processes.uvicorn`` from the repository root); they are as small as a FastAPI app gets, so a
+request to the front costs the framework and the loopback, nothing else. The ``a2a_*_app`` factories are
+``bench.a2a_overhead``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -31,10 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-# The repository root, for ``tests``: also when uvicorn imports this module by file (``--app-dir``) in a hop process.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.procs import HOST, Processes, free_port
+from tests.procs import HOST, Processes, ServiceProcess, free_port
 from tests.stack import CORE, TEST_DATABASE_URL, Stack, fresh_database
 
 if TYPE_CHECKING:
@@ -44,6 +42,7 @@ __all__ = [
     "HopPair",
     "a2a_inline_app",
     "a2a_sdk_app",
+    "bench_app",
     "cpu_seconds",
     "hop_backend_app",
     "hop_front_app",
@@ -53,12 +52,10 @@ __all__ = [
     "percentiles",
     "rss_kib",
     "service_stack",
-    "uvicorn_command",
     "write_results",
 ]
 
 HOP_TARGET_ENV = "BENCH_HOP_TARGET"
-_BENCH_DIR = Path(__file__).resolve().parent
 
 
 def percentiles(values: Sequence[float], *, scale: float = 1.0) -> dict[str, float]:
@@ -139,9 +136,14 @@ def _delete_prefixed_keys(redis_url: str, prefix: str) -> None:
 
 @contextlib.contextmanager
 def service_stack(
-    *, redis_url: str, admin_database_url: str = TEST_DATABASE_URL, env: Mapping[str, str] | None = None
+    *,
+    redis_url: str,
+    admin_database_url: str = TEST_DATABASE_URL,
+    env: Mapping[str, str] | None = None,
+    services: Sequence[str] = CORE,
 ) -> Iterator[Stack]:
-    """The five services started on a fresh ``concierge_bench_*`` database and a ``bench-*`` key prefix.
+    """``services`` (the five by default) started on a fresh ``concierge_bench_*`` database and a ``bench-*`` key
+    prefix.
 
     No span files: their synchronous export would be part of every number measured. ``env`` is added to the
     services' environment.
@@ -156,7 +158,7 @@ def service_stack(
             Stack(workdir, redis_url, database_url=database, key_prefix=prefix, span_files=False, env=env)
         )
         # dependencies first: an agent's readiness does not probe its peers, but its first request will
-        yield stack.start(CORE)
+        yield stack.start(tuple(services))
 
 
 # --------------------------------------------------------------------------------------------- bare hop baseline
@@ -277,25 +279,20 @@ class HopPair:
     """(front, backend)"""
 
 
-def uvicorn_command(factory: str, port: int) -> list[str]:
-    # the same server stack as the services (uvicorn's defaults pick uvloop and httptools when installed; the
-    # services run without uvicorn's access log, see CONCIERGE_ACCESS_LOG)
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "--factory",
-        f"_stack:{factory}",
-        "--app-dir",
-        str(_BENCH_DIR),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--lifespan",
-        "on",
-        "--no-access-log",
-    ]
+def bench_app(procs: Processes, factory: str, *, port: int | None = None) -> ServiceProcess:
+    """``factory`` of this module served by its own uvicorn process, ready once ``GET /health`` answers.
+
+    The same server stack as the services: uvicorn's defaults (uvloop and httptools when installed), no access log
+    (the services run without it, see ``CONCIERGE_ACCESS_LOG``).
+    """
+    return procs.uvicorn(
+        f"bench._stack:{factory}",
+        factory=True,
+        access_log=False,
+        name=factory.removesuffix("_app").replace("_", "-"),
+        port=port,
+        ready_path="/health",
+    )
 
 
 @contextlib.contextmanager
@@ -307,10 +304,6 @@ def hop_pair() -> Iterator[HopPair]:
         tempfile.TemporaryDirectory(prefix="concierge-bench-hop-") as workdir,
         Processes(Path(workdir), env=env) as procs,
     ):
-        backend = procs.start(
-            "hop-backend", uvicorn_command("hop_backend_app", backend_port), port=backend_port, ready_path="/health"
-        )
-        front = procs.start(
-            "hop-front", uvicorn_command("hop_front_app", front_port), port=front_port, ready_path="/health"
-        )
+        backend = bench_app(procs, "hop_backend_app", port=backend_port)
+        front = bench_app(procs, "hop_front_app", port=front_port)
         yield HopPair(front=front.url, backend=backend.url, pids=(front.pid, backend.pid))

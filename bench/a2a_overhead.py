@@ -1,6 +1,6 @@
 """What one A2A call costs next to a plain JSON POST doing the same work, and what the inline send saves.
 
-Run: ``python bench/a2a_overhead.py [--samples N] [--rounds R]``. Starts two uvicorn processes serving the same echo
+Run: ``python -m bench.a2a_overhead [--samples N] [--rounds R]``. Starts two uvicorn processes serving the same echo
 skill (``bench/_stack.py``): one mounted as the agents mount it (``mount_a2a``: a blocking ``SendMessage`` runs the
 skill inline), one with every request through the SDK's generic ``DefaultRequestHandler``. Both also serve
 ``POST /echo``, the same work as plain JSON behind the same token check: the baseline. Calls go one at a time from
@@ -25,12 +25,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _stack import cpu_seconds, machine, percentiles, uvicorn_command, write_results
-
-from tests.procs import Processes, free_port
+from bench._stack import bench_app, cpu_seconds, machine, percentiles, write_results
+from tests.procs import Processes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "a2a_overhead.json"
 # What a charge request looks like on the wire: a handful of fields.
@@ -99,7 +95,7 @@ def report(result: dict[str, Any]) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.a2a_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=1000, help="calls per case (default 1000)")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -108,16 +104,12 @@ def main() -> int:
         parser.error("--samples must be at least --rounds, and --rounds at least 1")
     token = secrets.token_hex(16)
     os.environ["CONCIERGE_SERVICE_TOKEN"] = token
-    ports = {"inline": free_port(), "sdk": free_port()}
     factories = {"inline": "a2a_inline_app", "sdk": "a2a_sdk_app"}
     with (
         tempfile.TemporaryDirectory(prefix="concierge-bench-a2a-") as workdir,
         Processes(Path(workdir), env={"CONCIERGE_SERVICE_TOKEN": token}) as procs,
     ):
-        started = {
-            name: procs.start(f"a2a-{name}", uvicorn_command(factories[name], port), port=port, ready_path="/health")
-            for name, port in ports.items()
-        }
+        started = {name: bench_app(procs, factory) for name, factory in factories.items()}
         urls = {name: proc.url for name, proc in started.items()}
         pids = {name: proc.pid for name, proc in started.items()}
         cases = asyncio.run(measure(options.samples, options.rounds, urls, pids))

@@ -1,12 +1,12 @@
 """A against B under the same load at the same time: the CPU one booking costs in each service of two stacks.
 
-Run: ``python bench/ab_stacks.py --a-env CONCIERGE_GC_GEN0_THRESHOLD=0`` (a setting against the default), or
-``python bench/ab_stacks.py --a-tree /path/to/a/checkout/of/the/old/code`` (old code against this checkout). Both
+Run: ``python -m bench.ab_stacks --a-env CONCIERGE_GC_GEN0_THRESHOLD=0`` (a setting against the default), or
+``python -m bench.ab_stacks --a-tree /path/to/a/checkout/of/the/old/code`` (old code against this checkout). Both
 stacks are started here (five ``concierge serve`` processes each, a fresh database and a key prefix each, all
 removed at the end); ``--a-tree``/``--b-tree`` put that checkout first on the services' ``PYTHONPATH``.
 
 Why two stacks at once: on these shared 2-core machines the CPU a booking costs drifts by ±10% from one minute to
-the next, more than most changes worth measuring, so two runs of ``booking_throughput.py`` one after the other
+the next, more than most changes worth measuring, so two runs of ``bench.booking_throughput`` one after the other
 mostly measure the minute. Here both stacks are loaded by ``--clients`` closed-loop clients each, in the same
 rounds; whatever slows the machine slows both, and the per-round difference is the change's. A is the baseline.
 
@@ -30,11 +30,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _stack import cpu_seconds, machine, rss_kib, service_stack, write_results
-from booking_throughput import BookingFactory, StopRule, new_event_loop, run_load
-
+from bench._stack import cpu_seconds, machine, rss_kib, service_stack, write_results
+from bench.booking_throughput import BookingFactory, StopRule, new_event_loop, run_load
 from tests.stack import CORE, TEST_DATABASE_URL, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ab_stacks.json"
@@ -90,7 +87,7 @@ async def _round(stacks: Mapping[str, Stack], clients: int, seconds: float, seed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.ab_stacks", description=__doc__.splitlines()[0])
     parser.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE", help="stack A's environment")
     parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE", help="stack B's environment")
     parser.add_argument("--a-tree", type=Path, help="checkout whose code stack A runs (default: this one)")

@@ -1,6 +1,6 @@
 """Booking throughput and latency against a real stack, priced against baselines measured in the same run.
 
-Run: ``python bench/booking_throughput.py`` (starts the five services itself: real ``concierge serve`` processes
+Run: ``python -m bench.booking_throughput`` (starts the five services itself: real ``concierge serve`` processes
 on free ports, Postgres checkpointer on a fresh database, a unique Redis key prefix; all removed at the end), or
 ``--url http://host:port`` to load a booking-agent that is already running. ``--bookings 5000`` runs until that
 many bookings are confirmed instead of for ``--duration`` seconds and checks that no service's memory grows.
@@ -55,12 +55,7 @@ from typing import Any
 
 import httpx
 
-# The repository root, for ``infra`` and ``tests``; this script's own directory (``_stack``, the sibling helper that
-# the ``uvicorn --factory _stack:...`` processes import under the same name) is on the path already.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _stack import HopPair, cpu_seconds, hop_pair, machine_cpu_seconds, percentiles, rss_kib, service_stack
-
+from bench._stack import HopPair, cpu_seconds, hop_pair, machine_cpu_seconds, percentiles, rss_kib, service_stack
 from providers.inventory import CITIES
 from tests.stack import CORE, TEST_DATABASE_URL
 
@@ -984,7 +979,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.booking_throughput", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
     parser.add_argument("--url", help="booking-agent of a running stack (default: start one)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of load (default 30)")

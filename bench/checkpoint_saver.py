@@ -1,6 +1,6 @@
 """What a ``durability="sync"`` graph run costs with LangGraph's ``AsyncPostgresSaver`` and with ours.
 
-Run: ``python bench/checkpoint_saver.py [--runs N] [--rounds R]``. Creates a fresh database, compiles the same
+Run: ``python -m bench.checkpoint_saver [--runs N] [--rounds R]``. Creates a fresh database, compiles the same
 five-node graph (the booking saga's shape: ``search → reserve → charge → confirm → finish``, each node returning a
 few fields, one of them a list of offers) once per saver, both on one connection pool configured as the services
 configure theirs, and runs it one thread at a time, the savers alternating round by round. Prints a markdown table
@@ -22,13 +22,11 @@ import uuid
 from pathlib import Path
 from typing import Any, TypedDict
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _stack import machine, percentiles, write_results
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.graph import END, START, StateGraph
 
+from bench._stack import machine, percentiles, write_results
 from infra.checkpointer import open_checkpointer
 from infra.pooled_saver import PooledPostgresSaver
 from tests.stack import TEST_DATABASE_URL, fresh_database
@@ -97,7 +95,7 @@ async def measure(database_url: str, runs: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.checkpoint_saver", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=400, help="graph runs per saver (default 400)")
     parser.add_argument("--rounds", type=int, default=8, help="alternating rounds (default 8)")
     parser.add_argument("--admin-database-url", default=TEST_DATABASE_URL)

@@ -1,6 +1,6 @@
 """Where the time of one booking goes: its trace, split into the parts of its path, for bookings made one at a time.
 
-Run: ``python bench/latency_breakdown.py [--bookings 200]``. Starts the five services as ``booking_throughput.py``
+Run: ``python -m bench.latency_breakdown [--bookings 200]``. Starts the five services as ``bench.booking_throughput``
 does (real processes, Postgres checkpointer, fresh database and key prefix, all removed at the end), with their
 spans sent over OTLP/HTTP in batches (``OTEL_EXPORTER_OTLP_ENDPOINT``, a receiver in this process) so that no
 span is written on the request path; books ``--bookings`` hotels with one client; then splits every booking's
@@ -18,7 +18,7 @@ trace, from ``POST /bookings`` to the end of its last step, into:
 
 The parts add up to the trace's length. Prints the median per booking of each part (and the client's latency to
 ``confirmed``, which adds the long-poll's answer) and writes ``bench/results/latency_breakdown.json``. No target:
-it tells ``booking_throughput.py``'s latency bound where the time beyond the priced parts goes.
+it tells ``bench.booking_throughput``'s latency bound where the time beyond the priced parts goes.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import uvicorn
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanProto
 from starlette.applications import Starlette
@@ -45,12 +44,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _stack import machine, percentiles, service_stack, write_results
-from booking_throughput import BookingFactory, StopRule, new_event_loop, run_load
-
-from tests.procs import HOST, free_port
+from bench._stack import machine, percentiles, service_stack, write_results
+from bench.booking_throughput import BookingFactory, StopRule, new_event_loop, run_load
+from tests.procs import HOST, free_port, serve_in_thread
 from tests.stack import TEST_DATABASE_URL
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latency_breakdown.json"
@@ -75,16 +71,7 @@ class Receiver:
                 self._bodies.append(body)
             return Response(ExportTraceServiceRequest().SerializeToString(), media_type="application/x-protobuf")
 
-        config = uvicorn.Config(
-            Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])]),
-            host=HOST,
-            port=self.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="otlp-receiver", daemon=True)
+        self._app = Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])
 
     @property
     def endpoint(self) -> str:
@@ -92,17 +79,8 @@ class Receiver:
 
     @contextmanager
     def running(self) -> Iterator[Receiver]:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the OTLP receiver did not start")
-            time.sleep(0.05)
-        try:
+        with serve_in_thread(self._app, port=self.port):
             yield self
-        finally:
-            self._server.should_exit = True
-            self._thread.join(timeout=5)
 
     def spans(self) -> list[SpanRecord]:
         with self._lock:
@@ -235,7 +213,7 @@ async def book(url: str, count: int, seed: int) -> tuple[list[str], list[float]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.latency_breakdown", description=__doc__.splitlines()[0])
     parser.add_argument("--bookings", type=int, default=200, help="bookings made one at a time (default 200)")
     parser.add_argument("--seed", type=int, default=20241129)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")

@@ -1,9 +1,9 @@
 """What each layer around the saga costs one booking: this checkout against copies with one layer taken out.
 
-Run: ``python bench/layer_costs.py [--bookings 400] [--variants tracing,fence,...]``. For each variant the bench
+Run: ``python -m bench.layer_costs [--bookings 400] [--variants tracing,fence,...]``. For each variant the bench
 copies this checkout's tracked files to a temporary directory, applies the variant's edits there (each edit must
 match the source exactly once, or the bench stops and names it), and starts two stacks side by side: the baseline
-(this checkout) and the variant (the copy first on the services' ``PYTHONPATH``, as ``ab_stacks.py`` does). One
+(this checkout) and the variant (the copy first on the services' ``PYTHONPATH``, as ``bench.ab_stacks`` does). One
 client then books on both in turn, a block of bookings at a time (baseline, variant, variant, baseline, ...), so a
 slower minute slows both; the difference between neighbouring blocks is the layer's price on a booking's latency.
 The copies, stacks, databases and keys are removed at the end.
@@ -13,7 +13,7 @@ fence before a side effect, faults read from Redis on every provider request, pr
 records of side-effect nodes) or a choice with a reason (the ``values`` stream gives the final state without
 reading the checkpoint back). No setting turns any of them off; the bench edits a throwaway copy.
 
-It also prices the booking's unavoidable parts in the same run, as ``booking_throughput.py`` does (six bare
+It also prices the booking's unavoidable parts in the same run, as ``bench.booking_throughput`` does (six bare
 FastAPI→FastAPI hops, two direct client requests, the checkpoint writes the database shows), so each row says how
 many times the parts the booking takes with that layer gone: the question is whether the issue's bound (2×) is
 reachable by removing any of them, or all of them at once (``all``).
@@ -37,10 +37,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _stack import cpu_seconds, hop_pair, machine, service_stack, write_results
-from booking_throughput import (
+from bench._stack import cpu_seconds, hop_pair, machine, service_stack, write_results
+from bench.booking_throughput import (
     CLIENT_REQUESTS,
     SERVICE_HOPS,
     TARGET_LATENCY_FACTOR,
@@ -53,7 +51,6 @@ from booking_throughput import (
     run_load,
     unavoidable_ms,
 )
-
 from tests.stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,13 +113,13 @@ VARIANTS: tuple[Variant, ...] = (
         (
             Edit(
                 "graph/idempotency.py",
-                "        stored, waited = await self._claim_or_wait(client, scripts, record, token, "
+                "        stored, waited = await self._claim_or_wait(client, record, token, "
                 "max(1, math.ceil(lease_s * 1000)))\n",
                 "        stored, waited = None, False\n",
             ),
             Edit(
                 "graph/idempotency.py",
-                "        return await self._complete(client, scripts, record, token, payload, ttl_s, span)\n",
+                "        return await self._complete(client, record, token, payload, ttl_s, span)\n",
                 "        return json.loads(payload)\n",
             ),
         ),
@@ -215,7 +212,7 @@ async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, se
 
 
 async def price_parts(baseline: Stack, booking_ids: Sequence[str]) -> dict[str, Any]:
-    """The booking's unavoidable parts, priced as ``booking_throughput.py`` prices them."""
+    """The booking's unavoidable parts, priced as ``bench.booking_throughput`` prices them."""
     database = baseline.env["DATABASE_URL"]
     written = await checkpoints_written(database, booking_ids)
     with hop_pair() as pair:
@@ -273,7 +270,7 @@ def report(rows: list[dict[str, Any]], parts: dict[str, Any]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     names = [v.name for v in VARIANTS] + [ALL]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.layer_costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bookings", type=int, default=400, help="bookings per side and variant (default 400)")
     parser.add_argument("--variants", default=",".join(names), help=f"comma-separated, of {', '.join(names)}")
     parser.add_argument("--block", type=int, default=25, help="bookings per stack before switching (default 25)")

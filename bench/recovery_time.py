@@ -1,14 +1,15 @@
 """How long a booking takes to finish after its booking-agent dies, against a real stack this script starts.
 
-Run: ``python bench/recovery_time.py`` (needs Redis at ``REDIS_URL`` and Postgres at ``TEST_DATABASE_URL``, like the
+Run: ``python -m bench.recovery_time`` (needs Redis at ``REDIS_URL`` and Postgres at ``TEST_DATABASE_URL``, like the
 e2e tests). Prints a markdown table and writes ``bench/results/recovery_time.json``; exits 1 if a target is missed.
 
-What it does: the six services as real processes (``tests.stack.Stack``, Postgres checkpoints), providers slowed
-down a little so a booking takes about a second. Each round starts a few bookings at once, waits a random moment,
-then ``kill -9``s booking-agent (or SIGTERMs it, for the SIGTERM rounds) and restarts it; the recovery worker was
-running all along. For every booking that was not final at the kill it measures the seconds from the signal to
-``confirmed`` (read from Redis every 20 ms, so the restarting agent is not in the way). At the end it checks the
-providers' ledgers: exactly one confirmed reservation and one captured charge per booking, no room left on hold.
+What it does: the six services as real processes (``bench._stack.service_stack``: a ``tests.stack.Stack`` on a fresh
+database, Postgres checkpoints, its Redis keys deleted at the end), providers slowed down a little so a booking takes
+about a second. Each round starts a few bookings at once, waits a random moment, then ``kill -9``s booking-agent (or
+SIGTERMs it, for the SIGTERM rounds) and restarts it; the recovery worker was running all along. For every booking that
+was not final at the kill it measures the seconds from the signal to ``confirmed`` (read from Redis every 20 ms, so the
+restarting agent is not in the way). At the end it checks the providers' ledgers: exactly one confirmed reservation and
+one captured charge per booking, no room left on hold.
 
 Claims checked:
 
@@ -36,7 +37,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -46,11 +46,10 @@ from typing import Any
 
 import redis as redis_sync
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench._stack import percentiles, service_stack
 from infra.settings import Settings
 from runs.leases import run_key
-from tests.stack import CORE, Stack, fresh_database, stay
+from tests.stack import CORE, Stack, stay
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery_time.json"
 SIGKILL_P99_TARGET_S = 8.0
@@ -61,7 +60,7 @@ POLL_S = 0.02
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.recovery_time", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8, help="SIGKILL rounds (default 8)")
     parser.add_argument("--sigterm-rounds", type=int, default=5, help="SIGTERM rounds (default 5)")
     parser.add_argument(
@@ -172,15 +171,12 @@ class Bench:
             "rooms_left_on_hold": sum(1 for r in reservations if r["status"] == "held"),
         }
 
-    def cleanup(self) -> None:
-        keys = list(self.redis.scan_iter(match=f"{self.stack.prefix}:*", count=1000))
-        for start in range(0, len(keys), 500):
-            self.redis.delete(*keys[start : start + 500])
+    def close(self) -> None:
         self.redis.close()
 
 
 def _p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[98] if len(values) > 1 else values[0]
+    return percentiles(values)["p99"]
 
 
 def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -213,12 +209,7 @@ def main() -> int:
     }
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp,
-        fresh_database() as database,
-        Stack(Path(tmp), redis_url, database_url=database, env=env) as stack,
-    ):
-        stack.start((*CORE, "recovery-worker"))
+    with service_stack(redis_url=redis_url, env=env, services=(*CORE, "recovery-worker")) as stack:
         stack.fault("hotel-api", latency_s=args.hotel_latency)
         stack.fault("payment-api", latency_s=args.payment_latency)
         bench = Bench(stack, args)
@@ -233,7 +224,7 @@ def main() -> int:
                 print(f"SIGTERM round {n + 1}/{args.sigterm_rounds}: {len(sigterm)} samples", file=sys.stderr)
             ledgers = bench.ledgers()
         finally:
-            bench.cleanup()
+            bench.close()
 
     kill_summary, term_summary = summarise(sigkill), summarise(sigterm)
     floor = args.lease_ttl + args.scan_interval

@@ -1,6 +1,6 @@
 """What the resilience layers cost per call, next to a bare await and to the usual libraries.
 
-Run: ``python bench/resilience_overhead.py`` (``make bench``). Prints a markdown table (median ns/call of several
+Run: ``python -m bench.resilience_overhead`` (``make bench``). Prints a markdown table (median ns/call of several
 repetitions) and writes ``bench/results/resilience_overhead.json``.
 
 Claims checked (this project's targets, on a small 2-core machine):
@@ -33,8 +33,6 @@ import anyio
 import tenacity
 from prometheus_client import CollectorRegistry
 from tenacity import AsyncRetrying, stop_after_attempt
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.metrics import install_resilience_metrics, uninstall_resilience_metrics
 from resilience import (

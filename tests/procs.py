@@ -19,7 +19,10 @@ fails the test with the tail of its log. Leaving the ``Processes`` block kills w
 ``atexit`` hook does the same if the test run itself is torn down.
 
 ``serve_in_process(app)`` is the in-process variant (uvicorn in the test's event loop) for integration tests
-that need a real socket but not a separate process (client timeouts, disconnects).
+that need a real socket but not a separate process (client timeouts, disconnects); ``serve_in_thread(app)`` is the
+same for synchronous code (uvicorn on a thread of its own).
+
+The benches (``python -m bench.<name>``) start their processes with this module too.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -48,9 +52,13 @@ __all__ = [
     "concierge_command",
     "free_port",
     "serve_in_process",
+    "serve_in_thread",
+    "uvicorn_command",
 ]
 
 HOST = "127.0.0.1"
+# Where ``tests`` (and ``bench``) are importable from: ``--app-dir`` of the uvicorn processes started here.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 LOG_TAIL_LINES = 40
@@ -84,6 +92,19 @@ def concierge_command() -> list[str]:
     """The ``concierge`` console script of this interpreter's environment (``python -m`` when not installed)."""
     script = Path(sys.executable).with_name("concierge")
     return [str(script)] if script.exists() else [sys.executable, "-m", "stack.cli"]
+
+
+def uvicorn_command(app: str, *, factory: bool = False, access_log: bool = True) -> list[str]:
+    """``python -m uvicorn <module:app>`` on ``HOST`` (no port), ``app`` imported from the repository root.
+
+    This interpreter's uvicorn, with its defaults (uvloop and httptools when installed), as the services run.
+    """
+    argv = [sys.executable, "-m", "uvicorn", app, "--app-dir", str(REPO_ROOT), "--host", HOST, "--lifespan", "on"]
+    if factory:
+        argv.append("--factory")
+    if not access_log:
+        argv.append("--no-access-log")
+    return argv
 
 
 class ServiceProcess:
@@ -243,16 +264,23 @@ class Processes:
         self,
         app: str,
         *,
+        factory: bool = False,
+        access_log: bool = True,
         name: str | None = None,
         port: int | None = None,
         env: Mapping[str, str] | None = None,
+        ready_path: str = "/health/ready",
         wait: bool = True,
         timeout: float = READY_TIMEOUT_S,
     ) -> ServiceProcess:
-        """``python -m uvicorn <module:app> --port <port>`` for an app not in the service table."""
+        """``python -m uvicorn <module:app> --port <port>`` for an app not in the service table.
+
+        ``app`` is imported from the repository root (``--app-dir``), whatever the working directory:
+        ``tests.some_module:app`` or ``bench._stack:hop_front_app`` (``factory=True``: a function returning the app).
+        """
         port = port or free_port()
-        argv = [sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port), "--lifespan", "on"]
-        return self.start(name or app, argv, port=port, env=env, wait=wait, timeout=timeout)
+        argv = [*uvicorn_command(app, factory=factory, access_log=access_log), "--port", str(port)]
+        return self.start(name or app, argv, port=port, env=env, ready_path=ready_path, wait=wait, timeout=timeout)
 
     def close(self) -> None:
         for proc in reversed(self.started):
@@ -296,3 +324,24 @@ async def serve_in_process(app: Any, *, port: int | None = None) -> AsyncIterato
         except TimeoutError:
             server.force_exit = True
             await task
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, *, port: int | None = None, timeout: float = READY_TIMEOUT_S) -> Iterator[str]:
+    """``serve_in_process`` for synchronous callers: uvicorn in a daemon thread with its own event loop."""
+    config = uvicorn.Config(app, host=HOST, port=port or free_port(), lifespan="on", log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{config.port}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("uvicorn stopped before it started")
+            if time.monotonic() > deadline:
+                raise ServiceNotReadyError(f"uvicorn on port {config.port} not started after {timeout:.0f}s")
+            time.sleep(0.01)
+        yield f"http://{HOST}:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=STOP_TIMEOUT_S)

@@ -4,8 +4,6 @@ the code exactly once, and applied together (the ``all`` variant) they must leav
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,12 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def layer_costs() -> ModuleType:
-    # the bench imports its siblings (_stack, booking_throughput) as top-level modules, as when run as a script
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        return importlib.import_module("layer_costs")
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    from bench import layer_costs
+
+    return layer_costs
 
 
 def test_every_edit_matches_the_code_exactly_once(layer_costs: ModuleType) -> None:
