@@ -38,7 +38,6 @@ import os
 import socket
 import time
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
@@ -47,19 +46,17 @@ from langchain_core.runnables import RunnableConfig
 from opentelemetry import trace
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from graph.contract import F, NodeFn, check_node, thread_id_of
 from graph.errors import ClaimLostError, IdempotencyStoreError, MissingThreadIdError, NodeResultError
-from infra.redis import key
+from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
 from resilience.budget import remaining_budget
 from resilience.errors import BudgetExhaustedError
 
 logger = logging.getLogger(__name__)
 
-RedisClient = Redis | RedisCluster
 RedisProvider = RedisClient | Callable[[], RedisClient]
 FenceCheck = Callable[[], Awaitable[None]]
 
@@ -145,7 +142,7 @@ def derive_idempotency_key(name: str, thread_id: str, state: Any, key_fields: Se
 # ---------------------------------------------------------------------------------------------------------------
 # Redis scripts: every key via KEYS (one key, so one cluster slot); outcomes are short strings
 
-_CLAIM = """
+_CLAIM = RedisScript("""
 local rec = redis.call('HMGET', KEYS[1], 'status', 'owner', 'result')
 if not rec[1] then
   redis.call('HSET', KEYS[1], 'status', 'claimed', 'owner', ARGV[1])
@@ -156,17 +153,17 @@ if rec[1] == 'done' then
   return {'done', rec[3]}
 end
 return {'busy', tostring(redis.call('PTTL', KEYS[1])), rec[2] or ''}
-"""
+""")
 
-_RENEW = """
+_RENEW = RedisScript("""
 local rec = redis.call('HMGET', KEYS[1], 'status', 'owner')
 if rec[1] == 'claimed' and rec[2] == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-"""
+""")
 
-_COMPLETE = """
+_COMPLETE = RedisScript("""
 local rec = redis.call('HMGET', KEYS[1], 'status', 'owner', 'result')
 if rec[1] == 'done' then
   return {'done', rec[3]}
@@ -178,44 +175,15 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'status', 'done', 'owner', ARGV[1], 'result', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {'stored', ''}
-"""
+""")
 
-_RELEASE = """
+_RELEASE = RedisScript("""
 local rec = redis.call('HMGET', KEYS[1], 'status', 'owner')
 if rec[1] == 'claimed' and rec[2] == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Scripts:
-    claim: AsyncScript
-    renew: AsyncScript
-    complete: AsyncScript
-    release: AsyncScript
-
-
-_scripts_by_client: weakref.WeakKeyDictionary[Any, _Scripts] = weakref.WeakKeyDictionary()
-
-
-def _scripts(client: RedisClient) -> _Scripts:
-    scripts = _scripts_by_client.get(client)
-    if scripts is None:
-        scripts = _Scripts(
-            claim=client.register_script(_CLAIM),
-            renew=client.register_script(_RENEW),
-            complete=client.register_script(_COMPLETE),
-            release=client.register_script(_RELEASE),
-        )
-        _scripts_by_client[client] = scripts
-    return scripts
-
-
-def _text(value: object) -> str:
-    # Tolerates clients created without decode_responses.
-    return value.decode() if isinstance(value, bytes) else str(value)
+""")
 
 
 @functools.lru_cache(maxsize=1)
@@ -288,12 +256,11 @@ class _Idempotent:
         lease_s = self.lease_s if self.lease_s is not None else settings.idempotency_lease_s
         ttl_s = self.ttl_s if self.ttl_s is not None else float(settings.idempotency_ttl_s)
         client = self.client()
-        scripts = _scripts(client)
         token = _owner_token()
         span = trace.get_current_span()
         span.set_attribute(ATTR_IDEMPOTENCY_KEY, stable_key)
 
-        stored, waited = await self._claim_or_wait(client, scripts, record, token, max(1, math.ceil(lease_s * 1000)))
+        stored, waited = await self._claim_or_wait(client, record, token, max(1, math.ceil(lease_s * 1000)))
         if stored is not None:
             span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "waited" if waited else "replayed")
             return stored
@@ -301,7 +268,7 @@ class _Idempotent:
 
         stop_renewing = asyncio.Event()
         renewer = asyncio.create_task(
-            self._renew(client, scripts, record, token, lease_s, stop_renewing), name=f"idempotency-renew:{self.name}"
+            self._renew(client, record, token, lease_s, stop_renewing), name=f"idempotency-renew:{self.name}"
         )
         key_token = _current_key.set(stable_key)
         try:
@@ -315,12 +282,12 @@ class _Idempotent:
                 _current_key.reset(key_token)
                 await _stop_background(renewer, stop_renewing)
         except BaseException:
-            await self._release(client, scripts, record, token)
+            await self._release(client, record, token)
             raise
-        return await self._complete(client, scripts, record, token, payload, ttl_s, span)
+        return await self._complete(client, record, token, payload, ttl_s, span)
 
     async def _claim_or_wait(
-        self, client: RedisClient, scripts: _Scripts, record: str, token: str, lease_ms: int
+        self, client: RedisClient, record: str, token: str, lease_ms: int
     ) -> tuple[dict[str, Any] | None, bool]:
         """``(stored result, False)``, ``(None, False)`` when claimed at once, ``(x, True)`` after waiting."""
         # Outside any budget scope remaining_budget() is a constant, so the wait keeps its own deadline too.
@@ -329,13 +296,13 @@ class _Idempotent:
         started = self.clock()
         while True:
             try:
-                reply = await scripts.claim(keys=[record], args=[token, lease_ms], client=client)
+                reply = await _CLAIM(client, keys=[record], args=[token, lease_ms])
             except RedisError as exc:
                 raise IdempotencyStoreError(self.name, "claim") from exc
-            outcome = _text(reply[0])
+            outcome = text(reply[0])
             waited = wait_deadline is not None
             if outcome == "done":
-                return json.loads(_text(reply[1])), waited
+                return json.loads(text(reply[1])), waited
             if outcome == "claimed":
                 return None, waited
             if wait_deadline is None:
@@ -344,23 +311,21 @@ class _Idempotent:
             if remaining <= 0:
                 raise BudgetExhaustedError(
                     f"timeout budget exhausted after waiting {self.clock() - started:.3f}s for node {self.name!r}, "
-                    f"claimed by {_text(reply[2])!r}"
+                    f"claimed by {text(reply[2])!r}"
                 )
-            lease_left = max(int(_text(reply[1])), 1) / 1000
+            lease_left = max(int(text(reply[1])), 1) / 1000
             # No point sleeping past the owner's lease: if it died, we take over as soon as the claim lapses.
             await self.sleep(min(delay, remaining, lease_left))
             delay = min(delay * 2, self.max_poll_interval_s)
 
-    async def _renew(
-        self, client: RedisClient, scripts: _Scripts, record: str, token: str, lease_s: float, stop: asyncio.Event
-    ) -> None:
+    async def _renew(self, client: RedisClient, record: str, token: str, lease_s: float, stop: asyncio.Event) -> None:
         lease_ms = max(1, math.ceil(lease_s * 1000))
         while not stop.is_set():
             await self.sleep(lease_s / 3)
             if stop.is_set():
                 return
             try:
-                renewed = await scripts.renew(keys=[record], args=[token, lease_ms], client=client)
+                renewed = await _RENEW(client, keys=[record], args=[token, lease_ms])
             except RedisError:
                 # Transient: two more tries fit in the lease before it lapses.
                 logger.warning("renewing the claim of node %r failed", self.name, exc_info=True)
@@ -380,7 +345,6 @@ class _Idempotent:
     async def _complete(
         self,
         client: RedisClient,
-        scripts: _Scripts,
         record: str,
         token: str,
         payload: str,
@@ -388,27 +352,25 @@ class _Idempotent:
         span: trace.Span,
     ) -> dict[str, Any]:
         try:
-            reply = await scripts.complete(
-                keys=[record], args=[token, payload, max(1, math.ceil(ttl_s * 1000))], client=client
-            )
+            reply = await _COMPLETE(client, keys=[record], args=[token, payload, max(1, math.ceil(ttl_s * 1000))])
         except RedisError as exc:
             # The side effect happened but is not recorded: the claim lapses and a retry re-runs the body with the
             # same provider Idempotency-Key, which the provider deduplicates.
-            await self._release(client, scripts, record, token)
+            await self._release(client, record, token)
             raise IdempotencyStoreError(self.name, "complete") from exc
-        outcome = _text(reply[0])
+        outcome = text(reply[0])
         if outcome == "stored":
             # Hand back exactly what a replay will return (JSON turns tuples into lists, keys into str).
             return cast(dict[str, Any], json.loads(payload))
         if outcome == "done":
             logger.warning("node %r lost its claim on %r; returning the other owner's result", self.name, record)
             span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "lost_claim_replayed")
-            return cast(dict[str, Any], json.loads(_text(reply[1])))
-        raise ClaimLostError(self.name, record, _text(reply[1]))
+            return cast(dict[str, Any], json.loads(text(reply[1])))
+        raise ClaimLostError(self.name, record, text(reply[1]))
 
-    async def _release(self, client: RedisClient, scripts: _Scripts, record: str, token: str) -> None:
+    async def _release(self, client: RedisClient, record: str, token: str) -> None:
         # Shielded: a cancelled node must still free its claim, or a retry would wait a whole lease for nothing.
-        task: asyncio.Task[Any] = asyncio.ensure_future(scripts.release(keys=[record], args=[token], client=client))
+        task: asyncio.Task[Any] = asyncio.ensure_future(_RELEASE(client, keys=[record], args=[token]))
         _background.add(task)
         task.add_done_callback(_log_background_failure)
         with contextlib.suppress(RedisError):  # logged by the callback; the claim expires with its lease

@@ -14,12 +14,12 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from redis.asyncio import Redis
 
 from domain.booking import FINAL_BOOKING_STATUSES, PROGRESS
-from infra.redis import key
+from infra.redis import RedisScript, key, text
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +48,16 @@ FALLBACK_POLL_MAX_S: Final = 1.0
 _JSON_FIELDS: Final = frozenset({"error", "guests", "total_price"})
 
 # Creates the record only once; a second create (a retried request, a racing replica) changes nothing.
-_CREATE = """
+_CREATE = RedisScript("""
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
 return 1
-"""
+""")
 
 # Final states are final: an update never moves a confirmed/failed booking anywhere else. A final update also
 # answers with the whole record, which the long-polls waiting here return without reading it again.
-_UPDATE = """
+_UPDATE = RedisScript("""
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-1} end
 if status == 'confirmed' or status == 'failed' then return {0} end
@@ -67,24 +67,21 @@ if ARGV[1] == '1' then
   return {1, redis.call('HGETALL', KEYS[1])}
 end
 return {1}
-"""
+""")
 
 # One client key → one booking id; the body hash tells a retry from a different request under the same key.
-_CLAIM_KEY = """
+_CLAIM_KEY = RedisScript("""
 local current = redis.call('GET', KEYS[1])
 if current then return current end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return ARGV[1]
-"""
+""")
 
 
 class BookingStore:
     def __init__(self, redis: Redis, *, idempotency_ttl_s: int = 24 * 3600) -> None:
         self._redis = redis
         self._ttl = idempotency_ttl_s
-        self._create = redis.register_script(_CREATE)
-        self._update = redis.register_script(_UPDATE)
-        self._claim = redis.register_script(_CLAIM_KEY)
         # Long-polls waiting in this process, woken the moment a run here makes its booking final, with the final
         # record in ``_finals`` (so the answer leaves before the run's last checkpoint is written, without another
         # read). A run finished elsewhere (the recovery worker, another replica) is noticed by the fallback poll.
@@ -116,18 +113,20 @@ class BookingStore:
             "updated_at": now,
         }
         args = [now, *_flatten(fields)]
-        return bool(await self._create(keys=[self._key(booking_id), self._inflight_key()], args=args))
+        return bool(await _CREATE(self._redis, keys=[self._key(booking_id), self._inflight_key()], args=args))
 
     async def update(self, booking_id: str, **fields: Any) -> bool:
         """Move a booking forward; False if it is already final (or unknown)."""
         fields["updated_at"] = time.time()
         final = "1" if fields.get("status") in FINAL_BOOKING_STATUSES else "0"
-        reply = await self._update(keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)])
+        reply = await _UPDATE(
+            self._redis, keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)]
+        )
         updated = int(reply[0]) == 1
         waiters = self._waiters.get(booking_id)
         if final == "1" and waiters:
             if updated:
-                record = reply[1]
+                record = [text(value) for value in reply[1]]
                 self._finals[booking_id] = _view(dict(zip(record[::2], record[1::2], strict=True)))
             for event in waiters:
                 event.set()
@@ -172,11 +171,12 @@ class BookingStore:
 
     async def get(self, booking_id: str) -> dict[str, Any] | None:
         raw = await self._redis.hgetall(self._key(booking_id))
-        return _view(cast(dict[str, str], raw)) if raw else None
+        return _view({text(name): text(value) for name, value in raw.items()}) if raw else None
 
     async def status(self, booking_id: str) -> str | None:
         """The status alone (one field, not the whole record); ``None`` for an unknown booking."""
-        return cast(str | None, await self._redis.hget(self._key(booking_id), "status"))
+        status = await self._redis.hget(self._key(booking_id), "status")
+        return None if status is None else text(status)
 
     async def wait_final(self, booking_id: str, wait_s: float) -> dict[str, Any] | None:
         """The booking once it is final, or as it stands when ``wait_s`` runs out (long polling)."""
@@ -218,8 +218,10 @@ class BookingStore:
 
         Returns the booking id the key belongs to and whether the stored body matches this one.
         """
-        stored = await self._claim(keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl])
-        bound_id, _, bound_hash = str(stored).partition(":")
+        stored = await _CLAIM_KEY(
+            self._redis, keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl]
+        )
+        bound_id, _, bound_hash = text(stored).partition(":")
         return bound_id, bound_hash == body_hash
 
 

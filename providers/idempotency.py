@@ -28,9 +28,9 @@ from typing import Any, Literal, cast
 
 from fastapi import Request, Response
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
 from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, REPLAYED_HEADER
+from infra.redis import RedisScript, text
 
 __all__ = [
     "RECORD_TTL_S",
@@ -110,11 +110,10 @@ end
 
 
 class IdempotentScript:
-    """One operation: ``_PRELUDE`` + ``body``. Loaded by SHA, re-loaded when the server forgot it (restart)."""
+    """One operation: ``_PRELUDE`` + ``body``, run as a ``RedisScript`` (by SHA, loaded when the server lacks it)."""
 
     def __init__(self, body: str) -> None:
-        self.source = _PRELUDE + body
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self.script = RedisScript(_PRELUDE + body)
 
     async def run(
         self,
@@ -126,16 +125,10 @@ class IdempotentScript:
         args: Sequence[str | int | float] = (),
         ttl_s: int = RECORD_TTL_S,
     ) -> IdempotentOutcome:
-        all_keys = [record_key, *keys]
-        all_args = [request_fingerprint, ttl_s, *args]
-        try:
-            reply = await redis.evalsha(self.sha, len(all_keys), *all_keys, *all_args)
-        except NoScriptError:
-            await redis.script_load(self.source)
-            reply = await redis.evalsha(self.sha, len(all_keys), *all_keys, *all_args)
-        kind, status, body = cast(list[Any], reply)
+        reply = await self.script(redis, keys=[record_key, *keys], args=[request_fingerprint, ttl_s, *args])
+        kind, status, body = text(reply[0]), int(reply[1]), text(reply[2])
         if kind == "mismatch":
             raise IdempotencyKeyReusedError(
                 f"this {IDEMPOTENCY_HEADER} was already used for a different request; use a new key"
             )
-        return IdempotentOutcome(cast(Literal["done", "replay"], kind), int(status), str(body))
+        return IdempotentOutcome(cast(Literal["done", "replay"], kind), status, body)

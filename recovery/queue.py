@@ -33,11 +33,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
 
-from infra.redis import key
+from infra.redis import RedisScript, key, text
 from infra.settings import Settings, get_settings
 from recovery.errors import redis_errors
 from runs.leases import RECOVERY_TAG, active_index_key, run_key
@@ -174,7 +174,7 @@ end
 """
 
 # ARGV: max_size, full_error, thread_id
-_ENQUEUE = (
+_ENQUEUE = RedisScript(
     _LIB
     + """
 local outcome, depth = enqueue(ARGV[3], now_ms(), tonumber(ARGV[1]), ARGV[2])
@@ -185,7 +185,7 @@ return {outcome, depth}
 # KEYS[8]: active index, KEYS[9..]: run records | ARGV: max_size, full_error, thread ids (same order as the runs)
 # Claims each run that is still an orphan (lease expired, not final, not yet handed over for this expiry) and
 # enqueues it in the same step, so a scanner dying in between cannot leave a claimed run outside the queue.
-_ENQUEUE_ORPHANS = (
+_ENQUEUE_ORPHANS = RedisScript(
     _LIB
     + """
 local now = now_ms()
@@ -220,7 +220,7 @@ return results
 )
 
 # ARGV: consumer, visibility_ms, max_deliveries → false, or {id, attempts, deadline, enqueued_at, now}
-_TAKE = (
+_TAKE = RedisScript(
     _LIB
     + """
 local consumer, visibility, max_deliveries = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -261,7 +261,7 @@ end
 )
 
 # ARGV: thread_id, attempts, consumer, outcome → 1 acked, 0 not the current delivery
-_ACK = (
+_ACK = RedisScript(
     _LIB
     + """
 if not current(ARGV[1], ARGV[2], ARGV[3]) then return 0 end
@@ -273,7 +273,7 @@ return 1
 )
 
 # ARGV: thread_id, attempts, consumer, delay_ms → 1 or 0
-_NACK = (
+_NACK = RedisScript(
     _LIB
     + """
 local item = current(ARGV[1], ARGV[2], ARGV[3])
@@ -287,7 +287,7 @@ return 1
 )
 
 # ARGV: thread_id, attempts, consumer, visibility_ms → new deadline (ms) or 0
-_EXTEND = (
+_EXTEND = RedisScript(
     _LIB
     + """
 if not current(ARGV[1], ARGV[2], ARGV[3]) then return 0 end
@@ -298,7 +298,7 @@ return deadline
 )
 
 # ARGV: thread_id, attempts, consumer, reason, error → 1 or 0
-_DEAD_LETTER_DELIVERY = (
+_DEAD_LETTER_DELIVERY = RedisScript(
     _LIB
     + """
 local item = current(ARGV[1], ARGV[2], ARGV[3])
@@ -310,7 +310,7 @@ return 1
 )
 
 # ARGV: thread_id, reason, error, attempts
-_SEND_TO_DLQ = (
+_SEND_TO_DLQ = RedisScript(
     _LIB
     + """
 forget(ARGV[1])
@@ -321,7 +321,7 @@ return 1
 
 # KEYS[8]: the run record, KEYS[9]: active index | ARGV: thread_id, max_size, full_error
 # → {outcome, depth}: outcome 'unknown' (not in the DLQ), 'full' (left in the DLQ), 'duplicate' or 'queued'
-_REQUEUE = (
+_REQUEUE = RedisScript(
     _LIB
     + """
 local id, max_size = ARGV[1], tonumber(ARGV[2])
@@ -352,7 +352,7 @@ return {outcome, depth}
 """
 )
 
-_PURGE = (
+_PURGE = RedisScript(
     _LIB
     + """
 local n = redis.call('HLEN', DLQ)
@@ -362,7 +362,7 @@ return n
 )
 
 # → JSON object
-_STATS = (
+_STATS = RedisScript(
     _LIB
     + """
 local now = now_ms()
@@ -448,23 +448,6 @@ def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
 
 
-class _Scripts:
-    """One registration of every queue script per client."""
-
-    def __init__(self, redis: Redis) -> None:
-        self.enqueue = redis.register_script(_ENQUEUE)
-        self.enqueue_orphans = redis.register_script(_ENQUEUE_ORPHANS)
-        self.take = redis.register_script(_TAKE)
-        self.ack = redis.register_script(_ACK)
-        self.nack = redis.register_script(_NACK)
-        self.extend = redis.register_script(_EXTEND)
-        self.dead_letter_delivery = redis.register_script(_DEAD_LETTER_DELIVERY)
-        self.send_to_dlq = redis.register_script(_SEND_TO_DLQ)
-        self.requeue = redis.register_script(_REQUEUE)
-        self.purge = redis.register_script(_PURGE)
-        self.stats = redis.register_script(_STATS)
-
-
 def _full_error(max_size: int) -> str:
     return f"recovery queue reached its cap of {max_size} waiting runs"
 
@@ -482,25 +465,24 @@ class DeadLetterQueue:
         self.prefix = settings.key_prefix
         self.keys = _Keys.for_prefix(self.prefix)
         self._redis = redis
-        self._scripts = _Scripts(redis)
 
     async def send_to_dlq(self, thread_id: str, reason: str, error: str, attempts: int = 0) -> None:
         """Dead-letter an id (taking it out of the queue if it waits there). A second time updates the entry:
         reason, error, attempts and ``last_at`` change, ``count`` goes up, ``first_at`` stays."""
         with redis_errors(f"dead-lettering {thread_id!r}"):
-            await self._scripts.send_to_dlq(keys=self.keys.all(), args=[thread_id, reason, error, attempts])
+            await _SEND_TO_DLQ(self._redis, keys=self.keys.all(), args=[thread_id, reason, error, attempts])
         logger.error("run %s dead-lettered (%s): %s", thread_id, reason, error)
 
     async def list(self) -> list[DLQEntry]:
         """Every entry, first dead-lettered first."""
         with redis_errors("listing the DLQ"):
-            raw = cast(dict[str, str], await self._redis.hgetall(self.keys.dlq))
+            raw = await self._redis.hgetall(self.keys.dlq)
         entries = [_entry(json.loads(value)) for value in raw.values()]
         return sorted(entries, key=lambda e: (e.first_at, e.thread_id))
 
     async def get(self, thread_id: str) -> DLQEntry | None:
         with redis_errors(f"reading DLQ entry {thread_id!r}"):
-            raw = cast(str | None, await self._redis.hget(self.keys.dlq, thread_id))
+            raw = await self._redis.hget(self.keys.dlq, thread_id)
         return None if raw is None else _entry(json.loads(raw))
 
     async def requeue(self, thread_id: str) -> bool:
@@ -515,7 +497,7 @@ class DeadLetterQueue:
     async def requeue_all(self) -> int:
         """Requeue entries oldest first until the DLQ is empty or the queue is full; returns how many moved."""
         with redis_errors("listing the DLQ"):
-            ids = cast(list[str], await self._redis.zrange(self.keys.dlq_index, 0, -1))
+            ids = [text(member) for member in await self._redis.zrange(self.keys.dlq_index, 0, -1)]
         moved = 0
         for thread_id in ids:
             outcome, _depth = await self._requeue(thread_id)
@@ -528,7 +510,7 @@ class DeadLetterQueue:
     async def purge(self) -> int:
         """Drop every entry; returns how many there were. The run records are left as they are."""
         with redis_errors("purging the DLQ"):
-            return int(await self._scripts.purge(keys=self.keys.all()))
+            return int(await _PURGE(self._redis, keys=self.keys.all()))
 
     async def depth(self) -> int:
         with redis_errors("measuring the DLQ"):
@@ -536,7 +518,8 @@ class DeadLetterQueue:
 
     async def _requeue(self, thread_id: str) -> tuple[str, int]:
         with redis_errors(f"requeueing {thread_id!r}"):
-            outcome, depth = await self._scripts.requeue(
+            outcome, depth = await _REQUEUE(
+                self._redis,
                 keys=[
                     *self.keys.all(),
                     run_key(thread_id, prefix=self.prefix),
@@ -544,7 +527,7 @@ class DeadLetterQueue:
                 ],
                 args=[thread_id, self.config.max_size, _full_error(self.config.max_size)],
             )
-        return str(outcome), int(depth)
+        return text(outcome), int(depth)
 
 
 def _entry(data: dict[str, Any]) -> DLQEntry:
@@ -582,7 +565,7 @@ class QueueGuard:
         self.dlq = dlq
         self.keys = dlq.keys
         self._prefix = dlq.prefix
-        self._scripts = _Scripts(redis)
+        self._redis = redis
         self._full_error = _full_error(config.max_size)
 
     async def safe_enqueue(self, thread_id: str) -> bool:
@@ -593,10 +576,10 @@ class QueueGuard:
     async def enqueue(self, thread_id: str) -> EnqueueResult:
         """``safe_enqueue`` with the details: outcome and depth."""
         with redis_errors(f"enqueueing {thread_id!r}"):
-            outcome, depth = await self._scripts.enqueue(
-                keys=self.keys.all(), args=[self.config.max_size, self._full_error, thread_id]
+            outcome, depth = await _ENQUEUE(
+                self._redis, keys=self.keys.all(), args=[self.config.max_size, self._full_error, thread_id]
             )
-        result = EnqueueResult(thread_id, EnqueueOutcome(outcome), int(depth))
+        result = EnqueueResult(thread_id, EnqueueOutcome(text(outcome)), int(depth))
         self._report(result)
         return result
 
@@ -611,12 +594,14 @@ class QueueGuard:
             return []
         runs = [run_key(thread_id, prefix=self._prefix) for thread_id in thread_ids]
         with redis_errors("enqueueing orphaned runs"):
-            flat = await self._scripts.enqueue_orphans(
+            flat = await _ENQUEUE_ORPHANS(
+                self._redis,
                 keys=[*self.keys.all(), active_index_key(prefix=self._prefix), *runs],
                 args=[self.config.max_size, self._full_error, *thread_ids],
             )
         results = [
-            EnqueueResult(str(flat[i]), EnqueueOutcome(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)
+            EnqueueResult(text(flat[i]), EnqueueOutcome(text(flat[i + 1])), int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
         ]
         for result in results:
             self._report(result)
@@ -671,7 +656,7 @@ class RecoveryQueue:
         self.config = config
         self.dlq = dlq
         self.keys = dlq.keys
-        self._scripts = _Scripts(redis)
+        self._redis = redis
         self._clock = clock
         self._sleep = sleep
 
@@ -684,14 +669,15 @@ class RecoveryQueue:
         deadline = self._clock() + wait
         while True:
             with redis_errors("taking from the recovery queue"):
-                row = await self._scripts.take(
+                row = await _TAKE(
+                    self._redis,
                     keys=self.keys.all(),
                     args=[consumer_id, _ms(self.config.visibility_timeout_s), self.config.max_deliveries],
                 )
             if row:
                 thread_id, attempts, visible_at, enqueued_at, now = row
                 return Delivery(
-                    thread_id=str(thread_id),
+                    thread_id=text(thread_id),
                     consumer_id=consumer_id,
                     attempts=int(attempts),
                     deadline=int(visible_at) / 1000.0,
@@ -706,11 +692,11 @@ class RecoveryQueue:
     async def ack(self, delivery: Delivery, outcome: AckOutcome | str = AckOutcome.RECOVERED) -> bool:
         """Done with it for good. False if the delivery was superseded (redelivered to someone else)."""
         outcome = AckOutcome(outcome)
-        return await self._call(self._scripts.ack, "acking", delivery, outcome.value) == 1
+        return await self._call(_ACK, "acking", delivery, outcome.value) == 1
 
     async def nack(self, delivery: Delivery, delay: float = 0.0) -> bool:
         """Give it back, to be taken again after ``delay`` seconds (counts as a delivery when retaken)."""
-        return await self._call(self._scripts.nack, "nacking", delivery, _ms(delay)) == 1
+        return await self._call(_NACK, "nacking", delivery, _ms(delay)) == 1
 
     release = nack
 
@@ -718,11 +704,11 @@ class RecoveryQueue:
         """Heartbeat for long work: push the visibility deadline ``visibility_timeout`` (default the config's)
         ahead of now. False if the delivery was superseded."""
         seconds = self.config.visibility_timeout_s if visibility_timeout is None else visibility_timeout
-        return await self._call(self._scripts.extend, "extending", delivery, _ms(seconds)) > 0
+        return await self._call(_EXTEND, "extending", delivery, _ms(seconds)) > 0
 
     async def dead_letter(self, delivery: Delivery, reason: str, error: str) -> bool:
         """Move the delivered id to the DLQ (with its delivery count) instead of acking it; one atomic step."""
-        moved = await self._call(self._scripts.dead_letter_delivery, "dead-lettering", delivery, reason, error) == 1
+        moved = await self._call(_DEAD_LETTER_DELIVERY, "dead-lettering", delivery, reason, error) == 1
         if moved:
             logger.error("run %s dead-lettered (%s): %s", delivery.thread_id, reason, error)
         return moved
@@ -732,7 +718,7 @@ class RecoveryQueue:
         ``in_flight``, ``delayed``, and the shared counters ``enqueued_total``, ``recovered_total``,
         ``skipped_total``, ``redelivered_total``, ``dead_lettered_total``."""
         with redis_errors("reading recovery queue stats"):
-            raw = await self._scripts.stats(keys=self.keys.all())
+            raw = await _STATS(self._redis, keys=self.keys.all())
         data = json.loads(raw)
         result: dict[str, int | float] = {
             "depth": int(data["depth"]),
@@ -752,9 +738,11 @@ class RecoveryQueue:
             result[counter] = int(data.get(counter, 0))
         return result
 
-    async def _call(self, script: Any, action: str, delivery: Delivery, *extra: str | int) -> int:
+    async def _call(self, script: RedisScript, action: str, delivery: Delivery, *extra: str | int) -> int:
         with redis_errors(f"{action} {delivery.thread_id!r}"):
             result = await script(
-                keys=self.keys.all(), args=[delivery.thread_id, delivery.attempts, delivery.consumer_id, *extra]
+                self._redis,
+                keys=self.keys.all(),
+                args=[delivery.thread_id, delivery.attempts, delivery.consumer_id, *extra],
             )
         return int(result)

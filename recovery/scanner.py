@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
+from infra.redis import RedisScript, text
 from infra.settings import get_settings
 from recovery.errors import redis_errors
 from recovery.queue import EnqueueOutcome, QueueGuard
@@ -27,11 +28,11 @@ Sleep = Callable[[float], Awaitable[object]]
 Clock = Callable[[], float]
 
 # ARGV: limit → thread ids whose lease ran out by the server clock, oldest expiry first (claimed runs score +inf)
-_EXPIRED = """
+_EXPIRED = RedisScript("""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-"""
+""")
 
 # A scan handles at most this many pages; every page moves its runs out of the expired range, so this only
 # bounds a pathological index (a run whose record disagrees with it) instead of looping on it.
@@ -63,7 +64,7 @@ class OrphanScanner:
         self.batch_size = batch_size
         self.store = store
         self.guard = guard
-        self._expired = redis.register_script(_EXPIRED)
+        self._redis = redis
         self._clock = clock
         self._sleep = sleep
 
@@ -72,7 +73,8 @@ class OrphanScanner:
         enqueued: list[str] = []
         for _ in range(_MAX_PAGES):
             with redis_errors("reading expired leases"):
-                candidates = [str(c) for c in await self._expired(keys=[self.store.index_key], args=[self.batch_size])]
+                expired = await _EXPIRED(self._redis, keys=[self.store.index_key], args=[self.batch_size])
+            candidates = [text(thread_id) for thread_id in expired]
             if not candidates:
                 break
             for result in await self.guard.enqueue_orphans(candidates):

@@ -41,7 +41,7 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from infra.redis import key
+from infra.redis import RedisScript, key, text
 from infra.settings import get_settings
 from runs.errors import LeaseLostError, RunFinalError, RunNotFoundError, redis_errors
 
@@ -119,7 +119,7 @@ local FINAL = {done = true, failed = true, dead_lettered = true}
 """
 
 # KEYS: run, active | ARGV: thread_id, graph, input, owner, ttl_ms
-_CREATE = (
+_CREATE = RedisScript(
     _LUA_PRELUDE
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -134,7 +134,7 @@ return 1
 )
 
 # KEYS: run, active | ARGV: thread_id, owner, ttl_ms → new fence, 0 (held or final), -1 (no such run)
-_ACQUIRE = (
+_ACQUIRE = RedisScript(
     _LUA_PRELUDE
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -152,7 +152,7 @@ return fence
 )
 
 # KEYS: run, active | ARGV: thread_id, owner, fence, ttl_ms → 1 renewed, 0 lost
-_RENEW = (
+_RENEW = RedisScript(
     _LUA_PRELUDE
     + """
 local owner, fence, status = unpack(redis.call('HMGET', KEYS[1], 'owner', 'fence', 'status'))
@@ -167,7 +167,7 @@ return 1
 )
 
 # KEYS: run, active | ARGV: thread_id, owner, fence → 1 released, 0 not ours
-_RELEASE = (
+_RELEASE = RedisScript(
     _LUA_PRELUDE
     + """
 local owner, fence, status = unpack(redis.call('HMGET', KEYS[1], 'owner', 'fence', 'status'))
@@ -182,7 +182,7 @@ return 1
 
 # KEYS: run, active | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms
 # → 1 written, -1 no run, -2 stale fence, -3 already final (with another status); final status returned as 2nd
-_SET_STATUS = (
+_SET_STATUS = RedisScript(
     _LUA_PRELUDE
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, ''} end
@@ -207,7 +207,7 @@ return {1, ARGV[2]}
 )
 
 # KEYS: run | ARGV: fence ('' = unfenced) → new count, -1 no run, -2 stale fence
-_INCREMENT_ATTEMPTS = (
+_INCREMENT_ATTEMPTS = RedisScript(
     _LUA_PRELUDE
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -247,12 +247,6 @@ class RunStore:
         self._prefix = settings.key_prefix
         self.sleep = sleep
         self.index_key = active_index_key(prefix=self._prefix)
-        self._create = redis.register_script(_CREATE)
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._renew = redis.register_script(_RENEW)
-        self._release = redis.register_script(_RELEASE)
-        self._set_status = redis.register_script(_SET_STATUS)
-        self._increment = redis.register_script(_INCREMENT_ATTEMPTS)
 
     @property
     def prefix(self) -> str:
@@ -265,7 +259,8 @@ class RunStore:
         """Record a new run and take its lease (fence 1) in one step; ``None`` if the thread id already exists."""
         payload = json.dumps(dict(input), separators=(",", ":"))
         with redis_errors(f"creating run {thread_id!r}"):
-            created = await self._create(
+            created = await _CREATE(
+                self._redis,
                 keys=[self.run_key(thread_id), self.index_key],
                 args=[thread_id, graph, payload, owner, self._ttl_ms],
             )
@@ -273,10 +268,10 @@ class RunStore:
 
     async def get(self, thread_id: str) -> RunRecord | None:
         with redis_errors(f"reading run {thread_id!r}"):
-            # the clients here decode responses (create_redis), so every value is a str
-            raw = cast(dict[str, str], await self._redis.hgetall(self.run_key(thread_id)))
-        if not raw:
+            reply = await self._redis.hgetall(self.run_key(thread_id))
+        if not reply:
             return None
+        raw = {text(name): text(value) for name, value in reply.items()}
         status = RunStatus(raw["status"])
         return RunRecord(
             thread_id=raw["thread_id"],
@@ -299,8 +294,8 @@ class RunStore:
         """
         with redis_errors(f"acquiring run {thread_id!r}"):
             fence = int(
-                await self._acquire(
-                    keys=[self.run_key(thread_id), self.index_key], args=[thread_id, owner, self._ttl_ms]
+                await _ACQUIRE(
+                    self._redis, keys=[self.run_key(thread_id), self.index_key], args=[thread_id, owner, self._ttl_ms]
                 )
             )
         return RunLease(self, thread_id, owner, fence) if fence > 0 else None
@@ -321,7 +316,8 @@ class RunStore:
         """
         status = RunStatus(status)
         with redis_errors(f"setting status of run {thread_id!r}"):
-            code, detail = await self._set_status(
+            code, detail = await _SET_STATUS(
+                self._redis,
                 keys=[self.run_key(thread_id), self.index_key],
                 args=[
                     thread_id,
@@ -335,9 +331,9 @@ class RunStore:
         if code == -1:
             raise RunNotFoundError(thread_id)
         if code == -2:
-            raise LeaseLostError(thread_id, fence or 0, f"stale fence (current fence is {detail})")
+            raise LeaseLostError(thread_id, fence or 0, f"stale fence (current fence is {text(detail)})")
         if code == -3:
-            raise RunFinalError(thread_id, str(detail))
+            raise RunFinalError(thread_id, text(detail))
 
     async def finish(self, thread_id: str, status: RunStatus | str, fence: int, *, error: str | None = None) -> None:
         """End a run with a final status: the lease ends and the run leaves the active index. Fenced."""
@@ -350,7 +346,9 @@ class RunStore:
         """Count one more recovery attempt; returns the new count. Fenced when ``fence`` is given."""
         with redis_errors(f"counting an attempt of run {thread_id!r}"):
             result = int(
-                await self._increment(keys=[self.run_key(thread_id)], args=["" if fence is None else str(fence)])
+                await _INCREMENT_ATTEMPTS(
+                    self._redis, keys=[self.run_key(thread_id)], args=["" if fence is None else str(fence)]
+                )
             )
         if result == -1:
             raise RunNotFoundError(thread_id)
@@ -361,9 +359,9 @@ class RunStore:
     async def active_runs(self) -> list[ActiveRun]:
         """Every non-final run, soonest lease expiry first."""
         with redis_errors("listing active runs"):
-            rows = cast(list[tuple[str, float]], await self._redis.zrange(self.index_key, 0, -1, withscores=True))
+            rows = cast(list[tuple[Any, float]], await self._redis.zrange(self.index_key, 0, -1, withscores=True))
         return [
-            ActiveRun(thread_id=str(member), lease_expires_at=None if score == float("inf") else score / 1000.0)
+            ActiveRun(thread_id=text(member), lease_expires_at=None if score == float("inf") else score / 1000.0)
             for member, score in rows
         ]
 
@@ -371,7 +369,8 @@ class RunStore:
 
     async def _renew_lease(self, lease: RunLease) -> bool:
         with redis_errors(f"renewing the lease on run {lease.thread_id!r}"):
-            renewed = await self._renew(
+            renewed = await _RENEW(
+                self._redis,
                 keys=[self.run_key(lease.thread_id), self.index_key],
                 args=[lease.thread_id, lease.owner, str(lease.fence), self._ttl_ms],
             )
@@ -379,7 +378,8 @@ class RunStore:
 
     async def _release_lease(self, lease: RunLease) -> bool:
         with redis_errors(f"releasing the lease on run {lease.thread_id!r}"):
-            released = await self._release(
+            released = await _RELEASE(
+                self._redis,
                 keys=[self.run_key(lease.thread_id), self.index_key],
                 args=[lease.thread_id, lease.owner, str(lease.fence)],
             )
@@ -387,10 +387,8 @@ class RunStore:
 
     async def _holder(self, thread_id: str) -> tuple[str | None, str | None, str | None]:
         with redis_errors(f"checking the lease on run {thread_id!r}"):
-            values = cast(
-                list[str | None], await self._redis.hmget(self.run_key(thread_id), ["owner", "fence", "status"])
-            )
-        owner, fence, status = values
+            values = await self._redis.hmget(self.run_key(thread_id), ["owner", "fence", "status"])
+        owner, fence, status = (None if value is None else text(value) for value in values)
         return owner, fence, status
 
 
