@@ -7,6 +7,11 @@ the booking graph in a background task (thread id = booking id, budget ``BOOKING
 Nothing is accepted that is not durable first: if this process dies after the 202, the run's lease expires and the
 recovery worker resumes it from its checkpoint. On SIGTERM the service stops taking bookings, stops its runs at the
 next step boundary and hands them to the recovery queue at once.
+
+An accepted booking is a promise, so the capacity limits act at the door, never on a run: past
+``BOOKING_MAX_IN_FLIGHT`` runs in this process (bulkhead ``booking_runs``, one slot held per run), a new booking is
+answered 429 with ``Retry-After`` before anything is recorded (a retry of one already accepted still gets it). A run
+waits for a full bulkhead within its budget (``wait_for_slots``) instead of failing.
 """
 
 from __future__ import annotations
@@ -30,9 +35,18 @@ from infra.a2a.server import Skill, mount_a2a
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.service import create_service_app
-from infra.settings import get_settings
+from infra.settings import Settings, get_settings
 from recovery.queue import DeadLetterQueue, QueueGuard
-from resilience import bulkhead_registry, remaining_budget
+from resilience import (
+    OUTBOUND_BULKHEAD_CONFIGS,
+    Bulkhead,
+    BulkheadConfig,
+    HeldSlot,
+    OverloadedError,
+    bulkhead_registry,
+    remaining_budget,
+    wait_for_slots,
+)
 from runs.leases import RunStore
 from runs.runner import execute_run
 
@@ -43,6 +57,18 @@ GRAPH = "booking"
 MAX_WAIT_S = 60.0
 # How long a shutting-down agent lets the current step of each run finish before cancelling it.
 DRAIN_S = 10.0
+RUNS_BULKHEAD = "booking_runs"
+"""The in-flight cap: one slot held by each booking run this process owns, from admission to its end."""
+RETRY_AFTER_S = 1.0
+"""What a refused client is told to wait: under load a run takes about a second, then its slot is free again."""
+
+
+def max_in_flight(settings: Settings) -> int:
+    """``BOOKING_MAX_IN_FLIGHT``, or the default its description explains (from the bulkheads and the Redis pool)."""
+    if settings.booking_max_in_flight is not None:
+        return settings.booking_max_in_flight
+    narrowest = min(cfg.max_concurrent for cfg in OUTBOUND_BULKHEAD_CONFIGS.values())
+    return max(1, min(2 * narrowest, settings.redis_max_connections // 2))
 
 
 IsoDate = Annotated[date, BeforeValidator(parse_iso_date)]
@@ -87,52 +113,92 @@ class Accepted(BaseModel):
 class BookingService:
     """The booking agent's state: stores, graph, and the runs it owns in this process."""
 
-    def __init__(self, deps: BookingDeps, graph: Any, runs: RunStore, guard: QueueGuard, instance: str) -> None:
+    def __init__(
+        self, deps: BookingDeps, graph: Any, runs: RunStore, guard: QueueGuard, instance: str, slots: Bulkhead
+    ) -> None:
         self.deps = deps
         self.bookings: BookingStore = deps.bookings
         self.graph = graph
         self.runs = runs
         self.guard = guard
         self.instance = instance
+        self.slots = slots
+        """The in-flight cap (``RUNS_BULKHEAD``)."""
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[Any]] = set()
 
-    async def accept(self, request: BookingRequest, client_key: str | None) -> tuple[str, bool]:
-        """Make the booking durable (run record + lease, then the booking record) and start it.
+    async def admit(
+        self, request: BookingRequest, client_key: str | None, *, inbound: Bulkhead | None = None
+    ) -> tuple[str, bool]:
+        """``accept`` within the in-flight cap; past it, the booking this key already has, else ``OverloadedError``.
+
+        The slot is taken before anything else (no Redis, no wait, not even in the ``inbound`` bulkhead's queue,
+        which bounds the accepting itself), so a refusal is quick and records nothing. Once admitted, a request
+        waits for ``inbound`` within its budget: the cap already bounds that queue, and a 503 now would refuse a
+        booking the door just decided to take.
+        """
+        slot = self.slots.try_hold()
+        if slot is None:
+            return await self.refuse(request, client_key)
+        try:
+            if inbound is None:
+                return await self.accept(request, client_key, slot)
+            with wait_for_slots():
+                return await inbound.run(self.accept, request, client_key, slot)
+        except BaseException:
+            slot.release()
+            raise
+
+    async def refuse(self, request: BookingRequest, client_key: str | None) -> tuple[str, bool]:
+        """At capacity: a retry of a booking already accepted still gets it (it costs no run), anything else 429s."""
+        if client_key is not None:
+            bound = await self.bookings.find_client_key(client_key, request.digest())
+            if bound is not None:
+                booking_id, same_body = bound
+                if not same_body:
+                    raise _key_reused()
+                if await self.bookings.status(booking_id) is not None:
+                    return booking_id, False
+        in_flight = self.slots.in_use
+        raise OverloadedError(
+            RUNS_BULKHEAD,
+            self.slots.cfg.max_concurrent,
+            f"{SERVICE} has {in_flight} bookings in flight, its limit (BOOKING_MAX_IN_FLIGHT); nothing was recorded: "
+            f"send the same request again in {RETRY_AFTER_S:g}s",
+            retry_after=RETRY_AFTER_S,
+        )
+
+    async def accept(self, request: BookingRequest, client_key: str | None, slot: HeldSlot) -> tuple[str, bool]:
+        """Make the booking durable (run record + lease, then the booking record) and start it in ``slot``.
 
         Returns the booking id and whether this call created it. The run record comes first: whatever dies after
-        it, the scanner finds the run and the recovery worker (re)creates everything from its stored input.
+        it, the scanner finds the run and the recovery worker (re)creates everything from its stored input. The
+        slot goes to the run, or back at once when there is no run to start (a retried request).
         """
         booking_id = uuid.uuid4().hex
         payload = request.as_payload()
         if client_key is not None:
             booking_id, same_body = await self.bookings.claim_client_key(client_key, request.digest(), booking_id)
             if not same_body:
-                raise HTTPException(
-                    status_code=422,
-                    detail=[
-                        {
-                            "loc": ["header", "Idempotency-Key"],
-                            "msg": "this key was already used with a different request body",
-                            "type": "idempotency_key_reuse",
-                        }
-                    ],
-                )
+                raise _key_reused()
         run_input = dict(booking_input(booking_id, payload))
         lease = await self.runs.create(booking_id, GRAPH, run_input, self.instance)
         created = await self.bookings.create(booking_id, payload)
         if lease is not None:
-            self.start(lease, run_input)
+            self.start(lease, run_input, slot)
+        else:
+            slot.release()
         return booking_id, created
 
-    def start(self, lease: Any, run_input: dict[str, Any]) -> None:
+    def start(self, lease: Any, run_input: dict[str, Any], slot: HeldSlot) -> None:
         task = asyncio.create_task(self._run(lease, run_input), name=f"booking:{lease.thread_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(lambda _: slot.release())
 
     async def _run(self, lease: Any, run_input: dict[str, Any]) -> None:
-        # Not inside the bulkhead: an accepted booking is a promise, not a request we may shed. The bulkhead guards
-        # acceptance (below); the run itself is bounded by its own budget.
+        # Not inside the inbound bulkhead: an accepted booking is a promise, not a request we may shed. The cap
+        # guards acceptance (above); the run is bounded by its own budget, and waits out full bulkheads within it.
         await execute_run(
             self.graph,
             lease,
@@ -164,7 +230,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         graph = build_booking_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
         instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
-        service = BookingService(deps, graph, RunStore(redis), guard, instance)
+        # never waited for (try_hold), and a run bounds itself: acquire_timeout and timeout are not used
+        slots = bulkhead_registry.configure(
+            RUNS_BULKHEAD,
+            BulkheadConfig(
+                max_concurrent=max_in_flight(settings), timeout=settings.booking_budget_s, acquire_timeout=0
+            ),
+        )
+        service = BookingService(deps, graph, RunStore(redis), guard, instance, slots)
         app.state.booking = service
         try:
             yield
@@ -177,6 +250,19 @@ async def _checkpointer_ready() -> None:
 
 
 app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
+
+
+def _key_reused() -> HTTPException:
+    return HTTPException(
+        status_code=422,
+        detail=[
+            {
+                "loc": ["header", "Idempotency-Key"],
+                "msg": "this key was already used with a different request body",
+                "type": "idempotency_key_reuse",
+            }
+        ],
+    )
 
 
 def _service() -> BookingService:
@@ -192,7 +278,8 @@ async def create_booking(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
 ) -> Accepted:
-    booking_id, created = await bulkhead_registry.get("booking_agent").run(_service().accept, body, idempotency_key)
+    inbound = bulkhead_registry.get("booking_agent")
+    booking_id, created = await _service().admit(body, idempotency_key, inbound=inbound)
     response.headers["Location"] = f"/bookings/{booking_id}"
     if created:
         return Accepted(booking_id=booking_id, status="pending")
@@ -217,7 +304,7 @@ async def book_hotel(data: dict[str, Any]) -> dict[str, Any]:
     """A2A: accept a booking and wait (within the caller's budget) for its outcome."""
     client_key = data.pop("idempotency_key", None)
     request = BookingRequest.model_validate(data)  # a ValidationError answers invalid_request (the error table)
-    booking_id, _ = await _service().accept(request, client_key if isinstance(client_key, str) else None)
+    booking_id, _ = await _service().admit(request, client_key if isinstance(client_key, str) else None)
     booking = await app.state.booking.bookings.wait_final(booking_id, max(0.0, remaining_budget() - 0.1))
     return booking or {"booking_id": booking_id, "status": "pending"}
 

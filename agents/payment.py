@@ -4,6 +4,11 @@ A2A skills ``charge_payment`` ({amount, currency, payment_token, reference} → 
 ``refund_payment`` ({reference, payment_id?} → {refunded: [...]}) run the payment graph inside the
 ``payment_agent`` bulkhead, with a checkpointer and ``durability="sync"``. The thread id comes from the booking
 reference, so a repeated call (a retry, a recovered booking) lands on the same idempotency keys: one charge, ever.
+
+Money moves only for the right caller: both skills answer ``forbidden`` to any service but booking-agent and the
+recovery worker (``MONEY_CALLERS``, checked by the A2A server from the caller's verified token), and a refund needs
+a reference whose booking exists and is not ``confirmed`` (read from the booking records, never written here): a
+confirmed stay keeps its charge whoever asks.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from domain.booking import ErrorCode
+from domain.booking import BookingStatus, ErrorCode
 from graph.payment import build_payment_graph, payment_thread_id
 from infra.a2a import SkillFailure
 from infra.a2a.server import Skill, mount_a2a
+from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.clients.providers import PaymentApiClient
 from infra.error_table import skill_failure_from
@@ -26,6 +32,8 @@ from infra.service import create_service_app
 from infra.settings import get_settings
 
 SERVICE = "payment-agent"
+MONEY_CALLERS = frozenset({"booking-agent", "recovery-worker"})
+"""The only services whose tokens may charge or refund: the ones running the booking saga."""
 
 
 @asynccontextmanager
@@ -34,6 +42,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         async with open_checkpointer() as saver:
             app.state.checkpointer = saver
+            app.state.bookings = BookingStore(app.state.redis)
             app.state.payment_graph = build_payment_graph(lambda: app.state.redis, payments, saver)
             yield
     finally:
@@ -88,12 +97,24 @@ async def charge_payment(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _check_refundable(reference: str) -> None:
+    """A refund is compensation: only for a booking that exists and did not end ``confirmed``."""
+    bookings: BookingStore = app.state.bookings
+    status = await bookings.status(reference)
+    if status is None:
+        raise SkillFailure(ErrorCode.FORBIDDEN, f"no booking {reference!r}: nothing to refund for it")
+    if status == BookingStatus.CONFIRMED:
+        raise SkillFailure(ErrorCode.FORBIDDEN, f"booking {reference!r} is confirmed: its charge is not refunded")
+
+
 async def refund_payment(data: dict[str, Any]) -> dict[str, Any]:
     payment_id = data.get("payment_id")
     if payment_id is not None and not isinstance(payment_id, str):
         raise SkillFailure(ErrorCode.INVALID_REQUEST, "payment_id: must be a string")
-    result = await _run("refund", {"reference": _require(data, "reference", str), "payment_id": payment_id})
-    return {"refunded": result.get("refunded", []), "reference": data["reference"]}
+    reference = _require(data, "reference", str)
+    await _check_refundable(reference)
+    result = await _run("refund", {"reference": reference, "payment_id": payment_id})
+    return {"refunded": result.get("refunded", []), "reference": reference}
 
 
 mount_a2a(
@@ -108,13 +129,16 @@ mount_a2a(
             description="Capture {amount, currency} on {payment_token} for {reference}; idempotent per reference.",
             handler=charge_payment,
             tags=("payment",),
+            callers=MONEY_CALLERS,
         ),
         Skill(
             id="refund_payment",
             name="Refund payment",
-            description="Refund {payment_id}, or every captured charge of {reference} when no id is given.",
+            description="Refund {payment_id}, or every captured charge of {reference} when no id is given; "
+            "only while the booking {reference} is not confirmed.",
             handler=refund_payment,
             tags=("payment",),
+            callers=MONEY_CALLERS,
         ),
     ],
     bulkhead="payment_agent",

@@ -30,7 +30,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from langgraph.graph.state import CompiledStateGraph
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -38,15 +37,15 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from domain.booking import ErrorCode
 from graph.booking import build_booking_graph, open_booking_deps
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
-from infra.service import create_service_app, error_body
+from infra.service import create_service_app
 from infra.settings import get_settings
 from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer
 from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
 from recovery.scanner import OrphanScanner
-from runs.errors import RunError
 from runs.leases import RunRecord, RunStore
 
 __all__ = [
@@ -91,8 +90,10 @@ def booking_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: Bo
             )
 
     def give_up_update(state: Mapping[str, Any], last_error: str) -> dict[str, Any]:
+        if state.get("error"):
+            return {}  # already on its way to compensation: run that again as it stands
         update: dict[str, Any] = {
-            "error": {"code": "provider_unavailable", "message": f"recovery gave up: {last_error}"},
+            "error": {"code": ErrorCode.PROVIDER_UNAVAILABLE.value, "message": f"recovery gave up: {last_error}"},
         }
         if state.get("reservation_id") and not state.get("payment_id"):
             # the charge step may have run without its checkpoint: refund by reference (a no-op if nothing was taken)
@@ -265,10 +266,8 @@ app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer
 app.add_middleware(RefreshQueueGaugesOnScrape)
 
 
-@app.get("/health/queue", tags=["health"], response_model=None)
-async def queue_health(request: Request) -> dict[str, int | float] | JSONResponse:
+@app.get("/health/queue", tags=["health"])
+async def queue_health(request: Request) -> dict[str, int | float]:
+    """The queue's figures; with Redis down, 503 ``dependency_unavailable`` (the error table) with ``Retry-After``."""
     worker: RecoveryWorker = request.app.state.recovery
-    try:
-        return await worker.queue_health()
-    except RunError as exc:
-        return JSONResponse(error_body("unavailable", str(exc)), status_code=503)
+    return await worker.queue_health()

@@ -220,7 +220,8 @@ def hop_front_app() -> FastAPI:
 def _a2a_echo_app(*, inline_send: bool) -> FastAPI:
     """An agent with one skill that returns its input, and ``POST /echo`` doing the same as plain JSON.
 
-    Both sit behind the same token check, so the difference between them is what A2A itself costs.
+    Both sit behind the same service token check (audience ``bench-echo``), so the difference between them is what
+    A2A itself costs.
     """
     from fastapi import FastAPI
     from starlette.requests import Request
@@ -250,7 +251,7 @@ def _a2a_echo_app(*, inline_send: bool) -> FastAPI:
         return {"status": "ok"}
 
     async def plain(request: Request) -> JSONResponse:
-        if not token_ok(request.headers.get("authorization")):
+        if not token_ok(request.headers.get("authorization"), "bench-echo"):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
         return JSONResponse(await echo(await request.json()))
 

@@ -35,12 +35,14 @@ PAYLOAD = {"amount": 240.0, "currency": "EUR", "payment_token": "tok_visa", "ref
 
 async def measure(samples: int, rounds: int, urls: dict[str, str], pids: dict[str, int]) -> dict[str, Any]:
     from infra.a2a.client import A2AClient
+    from infra.auth import service_tokens
 
-    token = os.environ["CONCIERGE_SERVICE_TOKEN"]
+    # one token for the whole run, as a service reuses its token for a minute
+    token = service_tokens("bench").token("bench-echo")
     async with (
         httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=10) as plain_http,
-        A2AClient(urls["inline"]) as inline,
-        A2AClient(urls["sdk"]) as sdk,
+        A2AClient(urls["inline"], audience="bench-echo", issuer="bench") as inline,
+        A2AClient(urls["sdk"], audience="bench-echo", issuer="bench") as sdk,
     ):
 
         async def plain() -> Any:
@@ -102,12 +104,12 @@ def main() -> int:
     options = parser.parse_args()
     if options.samples < options.rounds or options.rounds < 1:
         parser.error("--samples must be at least --rounds, and --rounds at least 1")
-    token = secrets.token_hex(16)
-    os.environ["CONCIERGE_SERVICE_TOKEN"] = token
+    secret = secrets.token_hex(32)
+    os.environ["CONCIERGE_SERVICE_SECRET"] = secret
     factories = {"inline": "a2a_inline_app", "sdk": "a2a_sdk_app"}
     with (
         tempfile.TemporaryDirectory(prefix="concierge-bench-a2a-") as workdir,
-        Processes(Path(workdir), env={"CONCIERGE_SERVICE_TOKEN": token}) as procs,
+        Processes(Path(workdir), env={"CONCIERGE_SERVICE_SECRET": secret}) as procs,
     ):
         started = {name: bench_app(procs, factory) for name, factory in factories.items()}
         urls = {name: proc.url for name, proc in started.items()}

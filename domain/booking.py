@@ -135,6 +135,8 @@ class BookingStatus(StrEnum):
     RESERVING = "reserving"
     PAYING = "paying"
     CONFIRMING = "confirming"
+    COMPENSATING = "compensating"
+    """Failed on the way; the hold is being released and any charge refunded (retried until done)."""
     CONFIRMED = "confirmed"
     FAILED = "failed"
 
@@ -152,7 +154,7 @@ PROGRESS: Final = (
     BookingStatus.CONFIRMING,
     BookingStatus.CONFIRMED,
 )
-"""The happy path, in order: a booking only moves forward along it (or to ``failed``)."""
+"""The happy path, in order: a booking only moves forward along it (or, via ``compensating``, to ``failed``)."""
 
 
 # ------------------------------------------------------------------------------------------------- error codes
@@ -175,14 +177,19 @@ class ErrorCode(StrEnum):
     """The time budget ran out (or a wait for capacity outlasted it)."""
     PROVIDER_UNAVAILABLE = "provider_unavailable"
     """A dependency (a provider or a peer agent) failed, or its circuit is open."""
+    DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
+    """Our own infrastructure (Redis, Postgres) cannot be reached right now; nothing was lost, try again shortly."""
+    OVERLOADED = "overloaded"
+    """Admission refused: this service has as much work in flight as it takes; nothing was recorded, come back."""
     BULKHEAD_FULL = "bulkhead_full"
     """This service is at capacity; try again shortly."""
     UNAVAILABLE = "unavailable"
     """This service cannot serve right now (its own store or a resilience limit)."""
-    INVALID_BUDGET = "invalid_budget"
     INVALID_HEADER = "invalid_header"
     BODY_TOO_LARGE = "body_too_large"
     UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    """The caller is known but may not do this: a skill it is not allowed to call, a refund of a confirmed booking."""
     INTERNAL = "internal"
     """A bug or an unexpected failure: logged with its traceback, never sent."""
 
@@ -199,11 +206,13 @@ _HTTP_STATUS: Final = {
     ErrorCode.PAYMENT_DECLINED: 402,
     ErrorCode.TIMEOUT: 504,
     ErrorCode.PROVIDER_UNAVAILABLE: 503,
+    ErrorCode.DEPENDENCY_UNAVAILABLE: 503,
+    ErrorCode.OVERLOADED: 429,
     ErrorCode.BULKHEAD_FULL: 503,
     ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.INVALID_BUDGET: 400,
     ErrorCode.INVALID_HEADER: 400,
     ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
     ErrorCode.INTERNAL: 500,
 }

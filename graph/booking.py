@@ -4,7 +4,8 @@
 
     START → search → reserve → charge → confirm → finish → END
               │         │         │         │
-              └─────────┴─────────┴─────────┴──(error)──▶ compensate → finish
+              └─────────┴─────────┴─────────┴──(error)──▶ compensate ─┬─▶ release_hold ─┬─▶ finish
+                                                                        └─▶ refund ───────┘
 
 - ``search``: checks the stay, asks search-agent over A2A (``search_hotels``, ``policy_for("search_agent")``) and
   keeps the candidates: the requested ``hotel_id``, or up to three cheapest offers within ``max_price_per_night``.
@@ -12,8 +13,10 @@
 - ``reserve``: hotel-api hold; a 409 moves on to the next candidate (only when no hotel was requested).
 - ``charge``: A2A ``charge_payment`` on payment-agent (``policy_for("payment_api")``: it is the payment path).
 - ``confirm``: hotel-api confirm.
-- ``compensate``: cancel the hold, refund whatever the reference captured; runs on a detached budget because it
-  must finish even when the booking ran out of time. Only then does the booking show ``failed``.
+- ``compensate`` shows the booking ``compensating``; then ``release_hold`` (cancel the hold) and ``refund`` (whatever
+  the reference captured) run side by side, each on a detached budget because they must finish even when the
+  booking ran out of time. One that fails raises: the run fails and recovery retries it, backing off for as long as
+  its dependency is down. Only when both are done does the booking show ``failed``.
 
 Side-effect nodes are ``@traced_node(@idempotent_node(...))`` and send ``idempotency_key()`` downstream, so a
 resumed run (after a crash, from the last checkpoint) never holds a room or charges a card twice. The graph runs
@@ -100,8 +103,10 @@ class BookingDeps:
 async def open_booking_deps(redis: Redis) -> AsyncIterator[BookingDeps]:
     settings = get_settings()
     hotels = HotelApiClient(settings.hotel_api_url)
-    search_agent = A2AClient(settings.search_agent_url)
-    payment_agent = A2AClient(settings.payment_agent_url)
+    # the tokens name the peer (``aud``) and, from the service shell's identity, this service: booking-agent or
+    # recovery-worker, the only callers payment-agent charges and refunds for
+    search_agent = A2AClient(settings.search_agent_url, audience="search-agent")
+    payment_agent = A2AClient(settings.payment_agent_url, audience="payment-agent")
     deps = BookingDeps(
         redis=redis,
         bookings=BookingStore(redis),
@@ -230,20 +235,32 @@ async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingD
 
 
 async def compensate(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
-    base_key = idempotency_key()
-    with detached_budget(COMPENSATION_BUDGET_S):
-        if state.get("payment_id") or state.get("charge_attempted"):
+    # no side effect: says the booking is being undone, then release_hold and refund run side by side
+    progress(deps, state, BookingStatus.COMPENSATING)
+    return {}
+
+
+async def release_hold(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    """Cancel the hold, whatever the refund is waiting for: a room is not kept from other guests by a payment outage."""
+    if state.get("reservation_id"):
+        with detached_budget(COMPENSATION_BUDGET_S):
+            await policy_for("hotel_api").call(
+                deps.hotels.cancel, str(state["reservation_id"]), idempotency_key=idempotency_key()
+            )
+    return {}
+
+
+async def refund(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    """Refund whatever the reference captured (a charge that did not answer may have been taken)."""
+    if state.get("payment_id") or state.get("charge_attempted"):
+        with detached_budget(COMPENSATION_BUDGET_S):
             await policy_for("payment_api").call(
                 deps.payment_agent.call,
                 "refund_payment",
                 {"reference": state["booking_id"], "payment_id": state.get("payment_id")},
             )
-        if state.get("reservation_id"):
-            await policy_for("hotel_api").call(
-                deps.hotels.cancel, str(state["reservation_id"]), idempotency_key=f"{base_key}:cancel"
-            )
-    logger.info("booking %s compensated (%s)", state["booking_id"], (state.get("error") or {}).get("code"))
-    return {"status": BookingStatus.FAILED}
+    logger.info("booking %s refunded if charged (%s)", state["booking_id"], (state.get("error") or {}).get("code"))
+    return {}
 
 
 async def finish(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
@@ -271,7 +288,9 @@ STEPS: tuple[tuple[str, Any, list[str] | None], ...] = (
     ("reserve", reserve, ["booking_id"]),
     ("charge", charge, ["booking_id", "reservation_id"]),
     ("confirm", confirm, ["booking_id", "reservation_id"]),
-    ("compensate", compensate, ["booking_id", "reservation_id", "payment_id"]),
+    ("compensate", compensate, None),
+    ("release_hold", release_hold, ["booking_id", "reservation_id"]),
+    ("refund", refund, ["booking_id", "payment_id"]),
     ("finish", finish, None),
 )
 
@@ -297,7 +316,11 @@ def build_booking_graph(
     chain = ["search", "reserve", "charge", "confirm", "finish"]
     for current, following in itertools.pairwise(chain):
         builder.add_conditional_edges(current, _next_or_compensate(following), [following, "compensate"])
-    builder.add_edge("compensate", "finish")
+    # both undo steps run in one super-step: one that fails (its provider is down) is retried on its own, the other's
+    # result is already in the checkpoint
+    builder.add_edge("compensate", "release_hold")
+    builder.add_edge("compensate", "refund")
+    builder.add_edge(["release_hold", "refund"], "finish")
     builder.add_edge("finish", END)
     return builder.compile(checkpointer=checkpointer, name="booking")
 

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 
-from domain.booking import FINAL_BOOKING_STATUSES, PROGRESS
+from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus
 from infra.redis import RedisScript, key, text
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class BookingStore:
         and never after a final status (``update`` refuses that). A failed write is logged, not raised: the step's
         own Redis calls fail too if Redis is really gone.
         """
-        if status in FINAL_BOOKING_STATUSES or status not in PROGRESS:
+        if status in FINAL_BOOKING_STATUSES or status not in BookingStatus.__members__.values():
             raise ValueError(f"not a progress status: {status!r}")
         previous = self._reports.get(booking_id)
         task = asyncio.create_task(self._write_report(previous, booking_id, status), name=f"progress:{booking_id}")
@@ -221,6 +221,17 @@ class BookingStore:
         stored = await _CLAIM_KEY(
             self._redis, keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl]
         )
+        bound_id, _, bound_hash = text(stored).partition(":")
+        return bound_id, bound_hash == body_hash
+
+    async def find_client_key(self, client_key: str, body_hash: str) -> tuple[str, bool] | None:
+        """What ``claim_client_key`` would answer, without binding the key: ``None`` when it is not bound.
+
+        For a door that cannot take a new booking now but still owes a retried request the booking it has.
+        """
+        stored = await self._redis.get(key("booking-key", client_key))
+        if stored is None:
+            return None
         bound_id, _, bound_hash = text(stored).partition(":")
         return bound_id, bound_hash == body_hash
 

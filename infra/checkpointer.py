@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -103,6 +104,9 @@ async def _sqlite() -> AsyncIterator[BaseCheckpointSaver[str]]:
     data_dir = get_settings().data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "checkpoints.sqlite"
+    # the checkpoints hold every booking's state: readable by this user only (SQLite gives its WAL and shared-memory
+    # files the database file's permissions)
+    await asyncio.to_thread(_owner_only, path)
     # timeout= is SQLite's busy timeout: other processes may hold the write lock for a moment.
     conn = await aiosqlite.connect(str(path), timeout=30)
     try:
@@ -112,6 +116,11 @@ async def _sqlite() -> AsyncIterator[BaseCheckpointSaver[str]]:
         yield saver
     finally:
         await conn.close()
+
+
+def _owner_only(path: Path) -> None:
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
 
 
 async def checkpointer_ready(saver: BaseCheckpointSaver[str]) -> None:

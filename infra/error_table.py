@@ -12,10 +12,15 @@ raises (``docs/a2a.md``): not retryable → a business error, ``timeout`` → a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+from psycopg import OperationalError as PostgresUnavailableError
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from domain.booking import ErrorCode, InvalidStayError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
@@ -25,11 +30,17 @@ from resilience.errors import (
     BulkheadFullError,
     BulkheadTimeoutError,
     CircuitOpenError,
+    InvalidBudgetHeaderError,
     NonRetryableError,
+    OverloadedError,
     ResilienceError,
 )
 
-__all__ = ["TABLE", "ErrorAnswer", "answer_for", "error_body", "skill_failure_from"]
+__all__ = ["RETRY_AFTER_S", "TABLE", "ErrorAnswer", "answer_for", "answer_response", "error_body", "skill_failure_from"]
+
+
+RETRY_AFTER_S: Final = 1.0
+"""What a retryable 503 tells a client to wait when the exception does not say (an open circuit does)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,28 @@ class ErrorAnswer:
     status: int
     retryable: bool
     message: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    """More for the error body, from the exception (the circuit's name, the header at fault)."""
+    wait_s: float | None = None
+    """How long the exception says to wait (an open circuit knows)."""
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds for a ``Retry-After`` header: on every retryable 429 or 503, ``None`` otherwise."""
+        if not self.retryable or self.status not in (429, 503):
+            return None
+        return self.wait_s if self.wait_s is not None else RETRY_AFTER_S
+
+
+def _fields(exc: BaseException) -> dict[str, Any]:
+    # what the body says besides code and message: presentation, not a second mapping
+    if isinstance(exc, CircuitOpenError):
+        return {"circuit": exc.name, "retry_after": exc.retry_after}
+    if isinstance(exc, InvalidBudgetHeaderError):
+        return {"header": exc.header}
+    if isinstance(exc, OverloadedError):
+        return {"limit": exc.max_concurrent, "retry_after": exc.retry_after}
+    return {}
 
 
 TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
@@ -47,12 +80,17 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (A2ASkillError, None, False),
     (InvalidStayError, ErrorCode.INVALID_REQUEST, False),
     (ValidationError, ErrorCode.INVALID_REQUEST, False),  # a model built from a request's data
+    (InvalidBudgetHeaderError, ErrorCode.INVALID_HEADER, False),
     (NoAvailabilityError, ErrorCode.NO_AVAILABILITY, False),
     (PaymentDeclinedError, ErrorCode.PAYMENT_DECLINED, False),
     (ProviderRejectedError, ErrorCode.REJECTED, False),
     (BudgetExhaustedError, ErrorCode.TIMEOUT, False),  # A2ATimeoutError too: it is one
     (BulkheadTimeoutError, ErrorCode.TIMEOUT, True),
+    (RedisConnectionError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),  # before TimeoutError: redis' is one too
+    (RedisTimeoutError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),
+    (PostgresUnavailableError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),
     (TimeoutError, ErrorCode.TIMEOUT, True),
+    (OverloadedError, ErrorCode.OVERLOADED, True),  # admission control: 429, nothing recorded
     (BulkheadFullError, ErrorCode.BULKHEAD_FULL, True),
     (CircuitOpenError, ErrorCode.PROVIDER_UNAVAILABLE, True),
     (A2AUnavailableError, ErrorCode.PROVIDER_UNAVAILABLE, True),
@@ -76,14 +114,32 @@ def _status(code: str) -> int:
         return ErrorCode.REJECTED.http_status
 
 
-def answer_for(exc: BaseException) -> ErrorAnswer:
-    """The one answer for ``exc`` (the last row catches every ``Exception``: ``internal``)."""
+def _row_answer(exc: BaseException) -> ErrorAnswer:
     for cls, code, retryable in TABLE:
         if isinstance(exc, cls):
             answer = code if code is not None else _own_code(exc)
             message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-            return ErrorAnswer(str(answer), _status(answer), retryable, message)
+            wait = getattr(exc, "retry_after", None)
+            wait_s = float(wait) if isinstance(wait, int | float) and not isinstance(wait, bool) else None
+            return ErrorAnswer(str(answer), _status(answer), retryable, message, _fields(exc), wait_s)
     raise TypeError(f"not an Exception: {exc!r}")  # BaseException (CancelledError, KeyboardInterrupt) is never answered
+
+
+def answer_for(exc: BaseException) -> ErrorAnswer:
+    """The one answer for ``exc`` (the last row catches every ``Exception``: ``internal``).
+
+    A package's own error converted at its boundary (``raise RunStoreError(...) from redis_error``) has no row of its
+    own; when the infrastructure that failed underneath can be named, the answer is that: ``dependency_unavailable``.
+    """
+    answer = _row_answer(exc)
+    if answer.code == ErrorCode.INTERNAL:
+        cause = exc.__cause__
+        while cause is not None:
+            underneath = _row_answer(cause)
+            if underneath.code == ErrorCode.DEPENDENCY_UNAVAILABLE:
+                return ErrorAnswer(underneath.code, underneath.status, underneath.retryable, answer.message)
+            cause = cause.__cause__
+    return answer
 
 
 def error_body(code: str, message: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -93,6 +149,13 @@ def error_body(code: str, message: str | None = None, **extra: Any) -> dict[str,
         error["message"] = message
     error.update(extra)
     return {"error": error}
+
+
+def answer_response(answer: ErrorAnswer) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """``(status, body, headers)`` of an HTTP answer: our error body and, when there is one, ``Retry-After``."""
+    retry_after = answer.retry_after
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else {}
+    return answer.status, error_body(answer.code, answer.message, **answer.fields), headers
 
 
 def skill_failure_from(exc: BaseException) -> BaseException:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,6 +18,18 @@ class Settings(BaseSettings):
 
     # storage
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    redis_max_connections: int = Field(
+        100,
+        validation_alias="REDIS_MAX_CONNECTIONS",
+        ge=1,
+        description="Connections in each process's Redis pool; beyond them a command waits for one (REDIS_POOL_TIMEOUT).",
+    )
+    redis_pool_timeout_s: float = Field(
+        5.0,
+        validation_alias="REDIS_POOL_TIMEOUT",
+        gt=0,
+        description="How long a command waits for a free pooled connection before failing (dependency_unavailable).",
+    )
     database_url: str | None = Field(None, validation_alias="DATABASE_URL")
     key_prefix: str = Field("concierge", validation_alias="CONCIERGE_KEY_PREFIX", min_length=1)
     data_dir: Path = Field(Path(".concierge"), validation_alias="CONCIERGE_DATA_DIR")
@@ -38,6 +50,17 @@ class Settings(BaseSettings):
     max_budget_s: float = Field(120.0, validation_alias="CONCIERGE_MAX_BUDGET_S", gt=0)
     budget_margin_s: float = Field(0.05, validation_alias="CONCIERGE_BUDGET_MARGIN_S", ge=0)
     booking_budget_s: float = Field(60.0, validation_alias="BOOKING_BUDGET_S", gt=0)
+    booking_max_in_flight: int | None = Field(
+        None,
+        validation_alias="BOOKING_MAX_IN_FLIGHT",
+        ge=1,
+        description=(
+            "Booking runs one booking-agent takes at once; beyond it POST /bookings answers 429 with Retry-After. "
+            "Unset: twice the narrowest outbound bulkhead every run goes through (search_agent and payment_api, 20 "
+            "slots: 40), so a run queued at a full bulkhead waits behind about one call, and at most half of "
+            "REDIS_MAX_CONNECTIONS, since a run may hold two connections at once (its step's and its heartbeat's)."
+        ),
+    )
 
     # start-up overrides of the resilience tables, JSON: {"hotel_api": {"recovery_timeout": 2}} (demos, tests)
     circuit_overrides: dict[str, dict[str, float]] = Field(default_factory=dict, validation_alias="CONCIERGE_CIRCUITS")
@@ -46,8 +69,12 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(7 * 24 * 3600, validation_alias="IDEMPOTENCY_TTL_S", gt=0)
     idempotency_lease_s: float = Field(3.0, validation_alias="IDEMPOTENCY_LEASE_S", gt=0)
 
-    # service-to-service
-    service_token: str = Field("concierge-dev-token", validation_alias="CONCIERGE_SERVICE_TOKEN", min_length=1)
+    # service-to-service: the per-deployment secret that signs every service token (infra/auth.py); no default,
+    # a service refuses to start without it. CONCIERGE_SERVICE_TOKEN, the static bearer it replaces, is retired:
+    # nothing reads it and no service accepts it.
+    service_secret: SecretStr | None = Field(None, validation_alias="CONCIERGE_SERVICE_SECRET")
+    # the simulated providers' /admin routes (faults, ledgers, availability): off (404) when unset
+    admin_token: SecretStr | None = Field(None, validation_alias="CONCIERGE_ADMIN_TOKEN")
     search_agent_url: str = Field("http://127.0.0.1:8001", validation_alias="SEARCH_AGENT_URL")
     booking_agent_url: str = Field("http://127.0.0.1:8000", validation_alias="BOOKING_AGENT_URL")
     payment_agent_url: str = Field("http://127.0.0.1:8002", validation_alias="PAYMENT_AGENT_URL")
@@ -62,6 +89,10 @@ class Settings(BaseSettings):
     recovery_queue_warn_threshold: float = Field(0.7, validation_alias="RECOVERY_QUEUE_WARN_THRESHOLD", gt=0, le=1)
     recovery_visibility_timeout_s: float = Field(30.0, validation_alias="RECOVERY_VISIBILITY_TIMEOUT", gt=0)
     recovery_max_attempts: int = Field(3, validation_alias="RECOVERY_MAX_ATTEMPTS", gt=0)
+    # a run that fails because something it needs is down (Redis, Postgres, a provider, an open breaker) is not
+    # failing: it is retried, backing off up to RECOVERY_OUTAGE_MAX_DELAY, for this long before it counts as failed
+    recovery_outage_horizon_s: float = Field(6 * 3600.0, validation_alias="RECOVERY_OUTAGE_HORIZON", gt=0)
+    recovery_outage_max_delay_s: float = Field(30.0, validation_alias="RECOVERY_OUTAGE_MAX_DELAY", gt=0)
 
 
 @lru_cache(maxsize=1)

@@ -55,14 +55,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
+from domain.booking import ErrorCode
+from infra.error_table import answer_for
 from infra.settings import Settings, get_settings
 from recovery.errors import RecoveryStoreError
 from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
@@ -117,7 +121,7 @@ class RecoverableGraph:
     graph: Graph
     give_up_update: Callable[[Mapping[str, Any], str], dict[str, Any]]
     """The state update that sends the run to its compensation when recovery gives up, from the current state
-    values and the last error."""
+    values and the last error; empty when the run is in its compensation already (it is run again as it stands)."""
     prepare: Callable[[RunRecord], Awaitable[object]] | None = None
     """Recreate what the run expects to exist before it resumes (the booking record for bookings); idempotent."""
 
@@ -130,6 +134,10 @@ class ConsumerConfig:
     """Each attempt's own timeout budget (``BOOKING_BUDGET_S``)."""
     backoff: RetryConfig = field(default_factory=lambda: RetryConfig(base_delay=1.0, max_delay=10.0))
     """Only the delay fields are used: the wait between two attempts of one run."""
+    outage_backoff: RetryConfig = field(default_factory=lambda: RetryConfig(base_delay=1.0, max_delay=30.0))
+    """The wait between two attempts that failed on an outage (``RECOVERY_OUTAGE_MAX_DELAY`` caps it)."""
+    outage_horizon_s: float = 6 * 3600.0
+    """How long attempts failing on an outage are retried without counting (``RECOVERY_OUTAGE_HORIZON``)."""
     take_wait: float = 0.25
     """How long one ``take`` polls; also how quickly the take loop notices ``stop``."""
     poll_interval: float = 0.05
@@ -147,7 +155,41 @@ class ConsumerConfig:
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ConsumerConfig:
         settings = settings or get_settings()
-        return cls(max_attempts=settings.recovery_max_attempts, budget_s=settings.booking_budget_s)
+        return cls(
+            max_attempts=settings.recovery_max_attempts,
+            budget_s=settings.booking_budget_s,
+            outage_backoff=RetryConfig(base_delay=1.0, max_delay=settings.recovery_outage_max_delay_s),
+            outage_horizon_s=settings.recovery_outage_horizon_s,
+        )
+
+
+class _Outage:
+    """Whether a failed attempt met an outage rather than a failing run, and how long to wait before the next one.
+
+    An outage is any failure the error table calls retryable but not ``internal``: Redis or Postgres unreachable, a
+    provider or peer down, an open circuit, a full bulkhead, a timeout. Such attempts back off (``outage_backoff``)
+    and do not count toward ``max_attempts`` until the outage has lasted ``outage_horizon_s``; what reaches the DLQ
+    is a run that keeps failing while its dependencies answer.
+    """
+
+    def __init__(self, config: ConsumerConfig, clock: Callable[[], float]) -> None:
+        self._config = config
+        self._clock = clock
+        self._since: float | None = None
+        self._waits = 0
+
+    def goes_on(self, error: BaseException | None) -> bool:
+        answer = answer_for(error) if error is not None else None
+        if answer is None or not answer.retryable or answer.code == ErrorCode.INTERNAL:
+            self._since, self._waits = None, 0
+            return False
+        if self._since is None:
+            self._since = self._clock()
+        return self._clock() - self._since < self._config.outage_horizon_s
+
+    def next_delay(self) -> float:
+        self._waits += 1
+        return backoff_delay(self._waits - 1, self._config.outage_backoff)
 
 
 def _describe(error: BaseException | None) -> str:
@@ -161,9 +203,10 @@ def _describe(error: BaseException | None) -> str:
 class RecoveryConsumer:
     """Takes runs off ``queue`` and recovers them, up to the bulkhead's ``max_concurrent`` at a time.
 
-    ``runs``/``queue``/``guard`` must share one key prefix; ``graphs`` maps ``RunRecord.graph`` to what resumes it;
-    ``consumer_id`` is both the queue consumer and the lease owner. ``bulkhead`` defaults to the registry's
-    ``recovery_worker`` (3 slots, 120 s per attempt). ``sleep`` is what backoffs wait with.
+        ``runs``/``queue``/``guard`` must share one key prefix; ``graphs`` maps ``RunRecord.graph`` to what resumes it;
+        ``consumer_id`` is both the queue consumer and the lease owner. ``bulkhead`` defaults to the registry's
+        ``recovery_worker`` (3 slots, 120 s per attempt). ``sleep`` is what backoffs wait with, ``clock`` what measures
+    how long an outage has lasted.
     """
 
     def __init__(
@@ -177,6 +220,7 @@ class RecoveryConsumer:
         bulkhead: Bulkhead | None = None,
         config: ConsumerConfig | None = None,
         sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runs = runs
         self.queue = queue
@@ -187,6 +231,7 @@ class RecoveryConsumer:
         self.config = config or ConsumerConfig.from_settings()
         self.stopping = asyncio.Event()
         self._sleep = sleep
+        self._clock = clock
         # Runs in hand (taken, not finished) never outnumber the bulkhead's slots: a run taken without a slot to
         # run in would hold its lease doing nothing while another worker could have recovered it.
         self._slots = asyncio.Semaphore(self.bulkhead.cfg.max_concurrent)
@@ -332,6 +377,7 @@ class RecoveryConsumer:
         thread_id = record.thread_id
         last_error = record.last_error or "the previous owner stopped without recording an error"
         current = holder[0]
+        outage = _Outage(self.config, self._clock)
         while True:
             attempt = await current.increment_attempts()
             if attempt > self.config.max_attempts:
@@ -361,9 +407,15 @@ class RecoveryConsumer:
                 if reacquired is None:
                     return RecoveryOutcome.LOST
                 current = holder[0] = reacquired
-            if attempt >= self.config.max_attempts:
+            if outage.goes_on(result.error):
+                # not the run failing: something it needs is down; this attempt does not count
+                attempt = await current.increment_attempts(by=-1)
+                delay = outage.next_delay()
+                logger.warning("run %s: waiting out an outage; again in %.1fs", thread_id, delay)
+            elif attempt >= self.config.max_attempts:
                 return await self._give_up(target, record, current, last_error, attempt)
-            delay = backoff_delay(attempt - 1, self.config.backoff)
+            else:
+                delay = backoff_delay(attempt - 1, self.config.backoff)
             async with current.keep_alive():
                 stopped = await self._wait_for_stop(delay)
             if stopped:
@@ -414,10 +466,27 @@ class RecoveryConsumer:
     ) -> RecoveryOutcome:
         thread_id = record.thread_id
         logger.error("run %s: giving up after %d attempt(s): %s", thread_id, attempts, last_error)
-        try:
-            result = await self._in_bulkhead(self._compensate_factory(last_error), target, record, lease)
-        except Exception as exc:
-            result = RunResult(RunOutcome.FAILED, error=exc)
+        outage = _Outage(self.config, self._clock)
+        while True:
+            try:
+                result = await self._in_bulkhead(self._compensate_factory(last_error), target, record, lease)
+            except Exception as exc:
+                result = RunResult(RunOutcome.FAILED, error=exc)
+            if result.outcome is not RunOutcome.FAILED or not outage.goes_on(result.error):
+                break
+            # the compensation needs a provider that is down: it is retried until it is done, not dead-lettered
+            if lease.lost:
+                reacquired = await self.runs.acquire(thread_id, self.consumer_id)
+                if reacquired is None:
+                    return RecoveryOutcome.LOST
+                lease = reacquired
+            delay = outage.next_delay()
+            logger.warning("run %s: compensation waits out an outage; again in %.1fs", thread_id, delay)
+            async with lease.keep_alive():
+                stopped = await self._wait_for_stop(delay)
+            if stopped:
+                await self._hand_back(lease)
+                return RecoveryOutcome.HANDED_BACK
         if result.outcome is RunOutcome.HANDED_OFF:
             return RecoveryOutcome.HANDED_BACK  # stopping: the next consumer gives up (and compensates) again
         if result.outcome is RunOutcome.LOST:
@@ -464,23 +533,29 @@ class RecoveryConsumer:
                 await graph.aupdate_state(config, dict(record.input))
                 snapshot = await graph.aget_state(config)
             update = target.give_up_update(dict(snapshot.values), last_error)
-            as_node = None
-            finished = [task for task in snapshot.tasks if task.name not in snapshot.next]
-            step = (snapshot.metadata or {}).get("step", 0)
-            if len(finished) == 1 and not snapshot.next:
-                # The step ran but its checkpoint was never written. An update discards such pending writes, and the
-                # compensation must see them (a hold the step made, say): record them with the error, as that node.
-                as_node = finished[0].name
-                result = finished[0].result
-                update = {**(result if isinstance(result, dict) else {}), **update}
-            elif isinstance(step, int) and step <= 0 and len(snapshot.next) == 1:
-                # no node has finished: an update "as the input" would re-run the entry node, which may reset the
-                # error; recording it as the entry node's own result routes straight to the compensation instead
-                as_node = snapshot.next[0]
-            await graph.aupdate_state(config, update, as_node=as_node)
+            if update:  # empty: the run is in its compensation already, run it again as it stands
+                await self._steer(graph, config, snapshot, update)
         return await execute_run(
             graph, lease, None, budget_s=self.config.budget_s, stop=self.stopping, hand_off=self.guard.safe_enqueue
         )
+
+    @staticmethod
+    async def _steer(graph: Graph, config: RunnableConfig, snapshot: StateSnapshot, update: dict[str, Any]) -> None:
+        """Record ``update`` so that the run's next step is its compensation."""
+        as_node = None
+        finished = [task for task in snapshot.tasks if task.name not in snapshot.next]
+        step = (snapshot.metadata or {}).get("step", 0)
+        if len(finished) == 1 and not snapshot.next:
+            # The step ran but its checkpoint was never written. An update discards such pending writes, and the
+            # compensation must see them (a hold the step made, say): record them with the error, as that node.
+            as_node = finished[0].name
+            result = finished[0].result
+            update = {**(result if isinstance(result, dict) else {}), **update}
+        elif isinstance(step, int) and step <= 0 and len(snapshot.next) == 1:
+            # no node has finished: an update "as the input" would re-run the entry node, which may reset the
+            # error; recording it as the entry node's own result routes straight to the compensation instead
+            as_node = snapshot.next[0]
+        await graph.aupdate_state(config, update, as_node=as_node)
 
     async def _hand_back(self, lease: RunLease) -> None:
         if await lease.release():  # not ours any more: whoever holds it answers for it

@@ -21,12 +21,15 @@ from resilience.budget import (
 from resilience.bulkhead import (
     BULKHEAD_CONFIGS,
     DEFAULT_BULKHEAD_CONFIG,
+    WITHIN_BUDGET,
     Bulkhead,
     BulkheadConfig,
     BulkheadRegistry,
     BulkheadStats,
+    HeldSlot,
     bulkhead_registry,
     run_within_budget,
+    wait_for_slots,
 )
 from resilience.circuit_breaker import (
     CIRCUIT_CONFIGS,
@@ -42,7 +45,9 @@ from resilience.errors import (
     BulkheadFullError,
     BulkheadTimeoutError,
     CircuitOpenError,
+    InvalidBudgetHeaderError,
     NonRetryableError,
+    OverloadedError,
     ResilienceError,
 )
 from resilience.events import (
@@ -89,6 +94,7 @@ __all__ = [
     "NO_RETRY",
     "OUTBOUND_BULKHEAD_CONFIGS",
     "RETRY_CONFIGS",
+    "WITHIN_BUDGET",
     "BudgetDefaults",
     "BudgetExhaustedError",
     "BudgetExpired",
@@ -108,8 +114,11 @@ __all__ = [
     "CircuitState",
     "CircuitStats",
     "CircuitTransition",
+    "HeldSlot",
     "Hook",
+    "InvalidBudgetHeaderError",
     "NonRetryableError",
+    "OverloadedError",
     "ResilienceError",
     "ResilienceEvent",
     "ResiliencePolicy",
@@ -141,5 +150,6 @@ __all__ = [
     "restore_budget_defaults",
     "run_within_budget",
     "set_testing",
+    "wait_for_slots",
     "with_retry",
 ]

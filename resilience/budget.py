@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from resilience.errors import BudgetExhaustedError
+from resilience.errors import BudgetExhaustedError, InvalidBudgetHeaderError
 from resilience.switches import Restore
 
 BUDGET_HEADER = "X-Timeout-Budget"
@@ -137,16 +137,20 @@ def parse_budget_header(value: str | None, *, default: float, maximum: float) ->
     """Turn an ``X-Timeout-Budget`` value into seconds.
 
     Missing → ``default``; above ``maximum`` → ``maximum`` (a caller cannot make us work longer than we allow);
-    anything that is not a positive finite number → ``ValueError`` (the HTTP edge answers 400).
+    anything that is not a positive finite number → ``InvalidBudgetHeaderError`` (a ``ValueError``; 400 at the edge).
     """
     if value is None or value.strip() == "":
         return min(default, maximum)
     try:
         seconds = float(value.strip())
     except ValueError:
-        raise ValueError(f"{BUDGET_HEADER} must be a number of seconds, got {value!r}") from None
+        raise InvalidBudgetHeaderError(
+            f"{BUDGET_HEADER} must be a number of seconds, got {value!r}", BUDGET_HEADER
+        ) from None
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{BUDGET_HEADER} must be a positive, finite number of seconds, got {value!r}")
+        raise InvalidBudgetHeaderError(
+            f"{BUDGET_HEADER} must be a positive, finite number of seconds, got {value!r}", BUDGET_HEADER
+        )
     return min(seconds, maximum)
 
 

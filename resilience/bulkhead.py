@@ -3,6 +3,8 @@
 Two different clocks, never mixed up:
 
 - ``acquire_timeout`` bounds only the WAIT for a slot: none within it → ``BulkheadFullError``, fn never called;
+  ``WITHIN_BUDGET`` (and any call inside ``wait_for_slots()``) waits as long as the budget lasts instead, then
+  ``BudgetExhaustedError``;
 - the EXECUTION is bounded by ``min(cfg.timeout, remaining_budget())``, computed per call (the shared config is
   never touched): past it fn is cancelled → ``BulkheadTimeoutError``. When the bulkhead's bound is the tighter one,
   fn runs inside a ``budget_scope`` of that bound, so what it calls downstream is told the real deadline.
@@ -15,8 +17,16 @@ bounded call of a loop shares one timer (``_Watchdog``): a per-call timer handle
 on this path, which every outbound call takes (see ``bench/resilience_overhead.py``). ``run_within_budget`` is the
 same bound without slots (a policy with no bulkhead).
 
+Who may wait: a fast refusal is right for a request someone can send again, wrong for work already promised (an
+accepted booking's run). ``wait_for_slots()`` marks a block (and the tasks it starts) as promised work: there a full
+bulkhead delays a call within its budget, never fails it. The peer agents' inbound bulkheads wait ``WITHIN_BUDGET``
+for everyone, because their callers are other agents' runs and the caller's budget is the one bound every caller
+sends. ``try_hold`` takes a slot now or never and keeps it past one call: admission control for work that outlives
+the request that brought it.
+
 Slots come from ``anyio.CapacityLimiter`` (it reports borrowed/available tokens for ``/health/bulkheads``). Each call
-borrows on behalf of its own token object, so one task may hold slots of nested calls. Runs on asyncio.
+borrows on behalf of its own token object, so one task may hold slots of nested calls. FIFO: a waiter is never
+overtaken. Runs on asyncio.
 """
 
 from __future__ import annotations
@@ -24,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import ParamSpec, TypedDict, TypeVar
+from typing import Final, ParamSpec, TypedDict, TypeVar
 
 import anyio
 from anyio import WouldBlock
@@ -38,16 +50,39 @@ from resilience.events import BudgetExpired, BulkheadRejected, BulkheadTimedOut,
 __all__ = [
     "BULKHEAD_CONFIGS",
     "DEFAULT_BULKHEAD_CONFIG",
+    "WITHIN_BUDGET",
     "Bulkhead",
     "BulkheadConfig",
     "BulkheadRegistry",
     "BulkheadStats",
+    "HeldSlot",
     "bulkhead_registry",
     "run_within_budget",
+    "wait_for_slots",
 ]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+WITHIN_BUDGET: Final = math.inf
+"""An ``acquire_timeout`` that waits for a slot as long as the caller's remaining budget lasts."""
+
+_patient: ContextVar[bool] = ContextVar("concierge_bulkhead_patient", default=False)
+
+
+@contextmanager
+def wait_for_slots() -> Iterator[None]:
+    """In this block (and the tasks started in it) a full bulkhead is waited out within the budget.
+
+    For work that was promised (an accepted booking's run): our own capacity limits may delay it, never fail it.
+    ``acquire_timeout`` is ignored here; the budget still bounds the wait (then ``BudgetExhaustedError``), and
+    code outside the block keeps its fast refusal. Costs nothing while a slot is free.
+    """
+    token = _patient.set(True)
+    try:
+        yield
+    finally:
+        _patient.reset(token)
 
 
 def _is_seconds(value: object) -> bool:
@@ -61,7 +96,8 @@ class BulkheadConfig:
     timeout: float
     """Upper bound on one call's execution (the remaining budget may bound it further)."""
     acquire_timeout: float = 2.0
-    """How long a call may wait for a slot; 0 means "only if one is free now"."""
+    """How long a call may wait for a slot; 0 means "only if one is free now", ``WITHIN_BUDGET`` "while the budget
+    lasts"."""
 
     def __post_init__(self) -> None:
         n = self.max_concurrent
@@ -75,8 +111,12 @@ class BulkheadConfig:
 
 BULKHEAD_CONFIGS: Mapping[str, BulkheadConfig] = {
     "booking_agent": BulkheadConfig(max_concurrent=10, timeout=30.0),
-    "search_agent": BulkheadConfig(max_concurrent=20, timeout=10.0),
-    "payment_agent": BulkheadConfig(max_concurrent=5, timeout=15.0),
+    # The peer agents queue within their caller's budget: their callers are booking runs (of every booking-agent
+    # replica and the recovery worker), which must not fail because a peer was momentarily full. No per-process cap
+    # upstream keeps the sum of those callers under 20 or 5; the budget each caller sends bounds every wait (a
+    # person's GET /hotels too: 30 s unless it sends X-Timeout-Budget).
+    "search_agent": BulkheadConfig(max_concurrent=20, timeout=10.0, acquire_timeout=WITHIN_BUDGET),
+    "payment_agent": BulkheadConfig(max_concurrent=5, timeout=15.0, acquire_timeout=WITHIN_BUDGET),
     "recovery_worker": BulkheadConfig(max_concurrent=3, timeout=120.0),
 }
 
@@ -188,6 +228,21 @@ class BulkheadStats(TypedDict):
     """Calls cancelled at the execution bound."""
 
 
+class HeldSlot:
+    """A slot taken by ``Bulkhead.try_hold``, kept until ``release()`` (idempotent), whatever reset the bulkhead."""
+
+    __slots__ = ("_limiter", "_released")
+
+    def __init__(self, limiter: anyio.CapacityLimiter) -> None:
+        self._limiter = limiter
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._limiter.release_on_behalf_of(self)
+
+
 class Bulkhead:
     __slots__ = ("_cfg", "_limiter", "_name", "_rejected", "_timed_out")
 
@@ -235,6 +290,20 @@ class Bulkhead:
             "timed_out": self._timed_out,
         }
 
+    def try_hold(self) -> HeldSlot | None:
+        """A slot now or ``None``, held until its ``release()``: admission for work that outlives one call.
+
+        Never waits and bounds nothing (``run`` bounds a call; held work bounds itself). A refusal counts in
+        ``rejected`` but emits no event: a door turning a burst away would log a warning per request.
+        """
+        slot = HeldSlot(self._limiter)
+        try:
+            self._limiter.acquire_on_behalf_of_nowait(slot)
+        except WouldBlock:
+            self._rejected += 1
+            return None
+        return slot
+
     async def run(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``await fn(*args, **kwargs)`` in a slot, bounded by min(timeout, remaining budget)."""
         cfg = self._cfg
@@ -274,7 +343,8 @@ class Bulkhead:
         self, limiter: anyio.CapacityLimiter, call: _BoundedCall, cfg: BulkheadConfig, budget: float
     ) -> None:
         # Waiting longer than the budget is pointless: the call could not finish anyway.
-        wait = cfg.acquire_timeout if cfg.acquire_timeout < budget else budget
+        limit = WITHIN_BUDGET if _patient.get() else cfg.acquire_timeout
+        wait = limit if limit < budget else budget
         loop = asyncio.get_running_loop()
         started = loop.time()
         if wait > 0:
@@ -289,7 +359,7 @@ class Bulkhead:
         waited = loop.time() - started
         self._rejected += 1
         emit(BulkheadRejected(self._name, cfg.max_concurrent, waited))
-        if wait < cfg.acquire_timeout:
+        if wait < limit:
             raise BudgetExhaustedError(
                 f"bulkhead {self._name!r}: the timeout budget ran out after {waited:.3f}s waiting for a slot"
             )

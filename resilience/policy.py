@@ -4,6 +4,8 @@
      1. circuit breaker check   OPEN (or HALF_OPEN with its probes taken) → CircuitOpenError at once:
                                 no slot taken, no connection, no wait
      2. bulkhead slot           none within acquire_timeout → BulkheadFullError; fn is never called
+                                (inside ``wait_for_slots()``, an accepted run's: none within the budget →
+                                BudgetExhaustedError)
      3. bounded execution       min(bulkhead timeout, remaining budget) — with no bulkhead, the budget alone
                                 (→ BulkheadTimeoutError / BudgetExhaustedError, fn cancelled)
      4. retry                   full-jitter backoff inside that bound, never sleeping past the budget; every attempt

@@ -213,7 +213,7 @@ _INCREMENT_ATTEMPTS = RedisScript(
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'fence') ~= ARGV[1] then return -2 end
 redis.call('HSET', KEYS[1], 'updated_at', now_ms())
-return redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+return redis.call('HINCRBY', KEYS[1], 'attempts', ARGV[2])
 """
 )
 
@@ -342,12 +342,13 @@ class RunStore:
             raise ValueError(f"finish() needs a final status, got {status.value!r}")
         await self.set_status(thread_id, status, error=error, fence=fence)
 
-    async def increment_attempts(self, thread_id: str, *, fence: int | None = None) -> int:
-        """Count one more recovery attempt; returns the new count. Fenced when ``fence`` is given."""
+    async def increment_attempts(self, thread_id: str, *, fence: int | None = None, by: int = 1) -> int:
+        """Count one more recovery attempt (``by=-1``: take one back); returns the new count. Fenced when ``fence``
+        is given."""
         with redis_errors(f"counting an attempt of run {thread_id!r}"):
             result = int(
                 await _INCREMENT_ATTEMPTS(
-                    self._redis, keys=[self.run_key(thread_id)], args=["" if fence is None else str(fence)]
+                    self._redis, keys=[self.run_key(thread_id)], args=["" if fence is None else str(fence), by]
                 )
             )
         if result == -1:
@@ -462,10 +463,10 @@ class RunLease:
             raise ValueError(f"finish() needs a final status, got {status!r}")
         await self.set_status(status, error=error)
 
-    async def increment_attempts(self) -> int:
+    async def increment_attempts(self, by: int = 1) -> int:
         """Fenced ``RunStore.increment_attempts``."""
         try:
-            return await self.store.increment_attempts(self.thread_id, fence=self.fence)
+            return await self.store.increment_attempts(self.thread_id, fence=self.fence, by=by)
         except LeaseLostError as exc:
             self._mark_lost(exc.reason)
             raise

@@ -6,6 +6,7 @@
 - ``fence_scope(lease.ensure_owned)``: every idempotent node checks the lease before its side effect, so an owner
   that lost it (paused process, partition) stops instead of running alongside the new owner;
 - a detached budget: the run was accepted, so it gets its own time, not the budget of the request that created it;
+  and ``wait_for_slots``: a full bulkhead on its way is waited out within that budget, never a failure;
 - ``durability="sync"``: each step's checkpoint is on disk before the next step starts;
 - the ``stop`` event is checked at every step boundary: a graceful shutdown hands the run back (lease released,
   enqueued for recovery at once) instead of waiting for the lease to expire.
@@ -26,8 +27,12 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
+from domain.booking import ErrorCode
 from graph.idempotency import fence_scope
-from resilience.budget import detached_budget
+from infra.error_table import answer_for
+from resilience.budget import detached_budget, remaining_budget
+from resilience.bulkhead import wait_for_slots
+from resilience.errors import BudgetExhaustedError
 from runs.errors import LeaseLostError
 from runs.leases import RunLease, RunStatus
 
@@ -35,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 HandOff = Callable[[str], Awaitable[object]]
 """Gives a released run (by thread id) to whoever resumes it next: the recovery queue, passed down by the caller."""
+
+PAUSE_FIRST_S = 0.1
+PAUSE_MAX_S = 2.0
+"""How often a paused run asks whether the stores are back (doubling from the first to the last)."""
 
 INTERRUPT_KEY = "__interrupt__"
 """The key of an interrupt in a stream's ``updates`` (LangGraph's ``INTERRUPT`` channel)."""
@@ -70,29 +79,32 @@ async def execute_run(
     budget_s: float,
     stop: asyncio.Event | None = None,
     hand_off: HandOff | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> RunResult:
-    """Run (or resume) ``lease.thread_id`` to the end, to a handoff, or to a failure. Never raises but CancelledError."""
+    """Run (or resume) ``lease.thread_id`` to the end, to a handoff, or to a failure. Never raises but CancelledError.
+
+    A step that fails because Redis or Postgres is unreachable (``dependency_unavailable`` in the error table) does
+    not fail the run: it pauses until the stores answer and the lease is still ours, then resumes from the last
+    checkpoint. The pause counts against the run's budget; a lease taken over meanwhile ends it as ``LOST``.
+    """
     config = run_config(lease.thread_id)
+    run_input = input
     try:
-        async with lease.keep_alive():
-            # No status write here: creating or acquiring a lease already marks the run ``running``.
-            with fence_scope(lease.ensure_owned), detached_budget(budget_s):
-                # "values" gives the final state without reading the checkpoint back (a query per run);
-                # "updates" shows an interrupt, the only way a run stops short of END without raising
-                stream = graph.astream(input, config, stream_mode=["updates", "values"], durability="sync")
-                values: dict[str, Any] = {}
-                async with aclosing(stream):  # type: ignore[type-var]
-                    async for mode, item in stream:
-                        chunk = cast(dict[str, Any], item)
-                        if mode == "values":
-                            values = dict(chunk)
-                        elif INTERRUPT_KEY in chunk:
-                            # our graphs have none; a run that stopped there must not be reported done
-                            raise RuntimeError(f"run {lease.thread_id} stopped before END: {chunk[INTERRUPT_KEY]!r}")
-                        if stop is not None and stop.is_set():
-                            return await _hand_off(lease, hand_off)
-            await lease.finish(RunStatus.DONE)
-            return RunResult(RunOutcome.DONE, values)
+        # an accepted run is a promise: a full bulkhead on its way delays it within its budget, never fails it
+        with detached_budget(budget_s), wait_for_slots():
+            while True:
+                try:
+                    return await _stream_to_the_end(graph, lease, run_input, config, stop, hand_off)
+                except LeaseLostError:
+                    raise
+                except Exception as exc:
+                    if answer_for(exc).code != ErrorCode.DEPENDENCY_UNAVAILABLE or (stop is not None and stop.is_set()):
+                        raise
+                    logger.warning("run %s paused: %s; resuming when the stores answer", lease.thread_id, exc)
+                    if not await _wait_for_the_stores(lease, stop, sleep):
+                        await _hand_off_quietly(lease, hand_off)  # shutting down meanwhile
+                        return RunResult(RunOutcome.HANDED_OFF)
+                    run_input = None  # from the last checkpoint: the failed step runs again, its effects deduplicated
     except LeaseLostError as exc:
         logger.warning("run %s: lease lost (%s); leaving it to the new owner", lease.thread_id, exc)
         return RunResult(RunOutcome.LOST, error=exc)
@@ -104,6 +116,64 @@ async def execute_run(
         logger.exception("run %s: attempt failed", lease.thread_id)
         await _release_quietly(lease, error=exc)
         return RunResult(RunOutcome.FAILED, error=exc)
+
+
+async def _stream_to_the_end(
+    graph: CompiledStateGraph[Any, Any, Any, Any],
+    lease: RunLease,
+    run_input: dict[str, Any] | None,
+    config: RunnableConfig,
+    stop: asyncio.Event | None,
+    hand_off: HandOff | None,
+) -> RunResult:
+    async with lease.keep_alive():
+        # No status write here: creating or acquiring a lease already marks the run ``running``.
+        with fence_scope(lease.ensure_owned):
+            # "values" gives the final state without reading the checkpoint back (a query per run);
+            # "updates" shows an interrupt, the only way a run stops short of END without raising
+            stream = graph.astream(run_input, config, stream_mode=["updates", "values"], durability="sync")
+            values: dict[str, Any] = {}
+            async with aclosing(stream):  # type: ignore[type-var]
+                async for mode, item in stream:
+                    chunk = cast(dict[str, Any], item)
+                    if mode == "values":
+                        values = dict(chunk)
+                    elif INTERRUPT_KEY in chunk:
+                        # our graphs have none; a run that stopped there must not be reported done
+                        raise RuntimeError(f"run {lease.thread_id} stopped before END: {chunk[INTERRUPT_KEY]!r}")
+                    if stop is not None and stop.is_set():
+                        return await _hand_off(lease, hand_off)
+        await lease.finish(RunStatus.DONE)
+        return RunResult(RunOutcome.DONE, values)
+
+
+async def _wait_for_the_stores(
+    lease: RunLease, stop: asyncio.Event | None, sleep: Callable[[float], Awaitable[None]]
+) -> bool:
+    """Back off until the run store answers and still names us the owner (``LeaseLostError`` if it does not);
+    False when a shutdown began meanwhile.
+
+    The heartbeat keeps running, so a Postgres outage with Redis up does not cost the lease; the budget bounds the
+    whole pause (``BudgetExhaustedError`` once it is spent, which fails the attempt as any timeout does).
+    """
+    delay = PAUSE_FIRST_S
+    async with lease.keep_alive():
+        while True:
+            await sleep(min(delay, max(0.0, remaining_budget())))
+            if stop is not None and stop.is_set():
+                return False
+            if remaining_budget() <= 0:
+                raise BudgetExhaustedError(f"run {lease.thread_id}: the stores did not come back within its budget")
+            try:
+                await lease.ensure_owned()
+            except LeaseLostError:
+                raise
+            except Exception as exc:
+                if answer_for(exc).code != ErrorCode.DEPENDENCY_UNAVAILABLE:
+                    raise
+                delay = min(delay * 2, PAUSE_MAX_S)
+                continue
+            return True
 
 
 async def _hand_off(lease: RunLease, hand_off: HandOff | None) -> RunResult:

@@ -6,6 +6,9 @@ writing its module with such a function and appending it to ``COMMANDS``; nothin
 Commands report errors as one line on stderr and an exit code, never a traceback.
 
     concierge serve <service> [--host H] [--port P]   run one service of the table in the foreground
+
+``serve`` refuses to start a service without a usable ``CONCIERGE_SERVICE_SECRET`` (one line, exit 1) before
+uvicorn is even imported; the service shell checks it again at start-up for a service run by other means.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from infra.auth import MissingSecretError, service_secret
 from infra.settings import get_settings
 from stack.book import register_book
 from stack.dlq import register_dlq, register_recovery
@@ -23,16 +27,27 @@ from stack.ops import register_fault, register_kill, register_start, register_st
 from stack.services import SERVICES, UnknownServiceError, get_service
 from stack.status import register_status
 from stack.up import register_up
+from stack.verify import register_verify
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
     Subparsers = argparse._SubParsersAction
 
-__all__ = ["COMMANDS", "EXIT_USAGE", "GRACEFUL_SHUTDOWN_S", "Registrar", "build_parser", "main", "register_serve"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "GRACEFUL_SHUTDOWN_S",
+    "Registrar",
+    "build_parser",
+    "main",
+    "register_serve",
+]
 
 Registrar = Callable[[Subparsers], None]
 
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
 GRACEFUL_SHUTDOWN_S = 10
 """After SIGTERM: how long in-flight requests may finish before the lifespan shutdown runs anyway."""
@@ -73,6 +88,11 @@ def _serve(args: argparse.Namespace) -> int:
     except UnknownServiceError as exc:
         print(f"concierge serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        service_secret()
+    except MissingSecretError as exc:
+        print(f"concierge serve {spec.name}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     import uvicorn  # only this command needs it
 
     # uvicorn turns SIGTERM/SIGINT into a graceful stop that runs the lifespan shutdown.
@@ -100,6 +120,7 @@ COMMANDS: list[Registrar] = [
     register_fault,
     register_dlq,
     register_recovery,
+    register_verify,
 ]
 
 

@@ -5,8 +5,8 @@
     concierge dlq purge                      drop every DLQ entry (no question asked); prints how many
     concierge recovery status [--json]       queue figures and the number of active runs
 
-They talk to Redis directly (``REDIS_URL``, ``CONCIERGE_KEY_PREFIX``): no service has to be up, which is the point
-when the recovery worker is the thing that is broken. Every failure is one line on stderr and exit code 1 (2 for
+They talk to Redis directly: ``REDIS_URL`` and ``CONCIERGE_KEY_PREFIX`` when set, else the running local stack's
+(``stack.target``). No service has to be up, which is the point when the recovery worker is the thing that is broken. Every failure is one line on stderr and exit code 1 (2 for
 usage errors, from argparse); never a traceback.
 """
 
@@ -31,13 +31,14 @@ from infra.settings import get_settings
 from recovery.queue import DeadLetterQueue, DLQEntry, RecoveryQueue
 from runs.errors import RunStoreError
 from runs.leases import RunStore
+from stack.target import adopt_stack_redis
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
     Subparsers = argparse._SubParsersAction
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "register_dlq", "register_recovery"]
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "Command", "CommandError", "redis_command", "register_dlq", "register_recovery"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -63,7 +64,7 @@ def register_dlq(subparsers: Subparsers) -> None:
 
     listing = commands.add_parser("list", help="list dead-lettered runs", description="List dead-lettered runs.")
     listing.add_argument("--json", action="store_true", help="one JSON array instead of a table")
-    listing.set_defaults(handler=_handler("dlq list", _dlq_list))
+    listing.set_defaults(handler=redis_command("dlq list", _dlq_list))
 
     requeue = commands.add_parser(
         "requeue",
@@ -73,12 +74,12 @@ def register_dlq(subparsers: Subparsers) -> None:
     target = requeue.add_mutually_exclusive_group(required=True)
     target.add_argument("thread_id", nargs="?", help="the run's thread id (the booking id)")
     target.add_argument("--all", action="store_true", help="every entry, oldest first, as far as the queue allows")
-    requeue.set_defaults(handler=_handler("dlq requeue", _dlq_requeue))
+    requeue.set_defaults(handler=redis_command("dlq requeue", _dlq_requeue))
 
     purge = commands.add_parser(
         "purge", help="drop every DLQ entry", description="Drop every DLQ entry (run records are kept)."
     )
-    purge.set_defaults(handler=_handler("dlq purge", _dlq_purge))
+    purge.set_defaults(handler=redis_command("dlq purge", _dlq_purge))
 
 
 def register_recovery(subparsers: Subparsers) -> None:
@@ -90,13 +91,13 @@ def register_recovery(subparsers: Subparsers) -> None:
         "status", help="queue figures and active runs", description="Queue figures and active runs."
     )
     status.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    status.set_defaults(handler=_handler("recovery status", _recovery_status))
+    status.set_defaults(handler=redis_command("recovery status", _recovery_status))
 
 
 # --------------------------------------------------------------------------------------------------- plumbing
 
 
-def _handler(name: str, command: Command) -> Callable[[argparse.Namespace], int]:
+def redis_command(name: str, command: Command) -> Callable[[argparse.Namespace], int]:
     def handle(args: argparse.Namespace) -> int:
         try:
             return asyncio.run(_with_redis(command, args))
@@ -116,6 +117,7 @@ def _handler(name: str, command: Command) -> Callable[[argparse.Namespace], int]
 
 
 async def _with_redis(command: Command, args: argparse.Namespace) -> int:
+    adopt_stack_redis()  # with REDIS_URL unset: the running stack's Redis and key prefix, not the default
     settings = get_settings()
     redis = create_redis(
         settings.redis_url,

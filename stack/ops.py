@@ -4,7 +4,8 @@
 ``--no-restart``); ``stop`` is a graceful stop (SIGTERM) that holds the instance down; ``start`` brings a stopped
 instance back and waits until it is ready. A name selects every replica (``booking-agent``) or one
 (``booking-agent:2``). ``fault`` drives a simulated provider's ``/admin/faults``: the local stack's, or, with none
-running, the one ``HOTEL_API_URL``/``PAYMENT_API_URL`` name (where docker-compose publishes them).
+running, the one ``HOTEL_API_URL``/``PAYMENT_API_URL`` name (where docker-compose publishes them). It presents the
+admin token of the local stack (``<data dir>/secrets.json``), or ``CONCIERGE_ADMIN_TOKEN`` for any other provider.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from typing import Any
 
 import httpx
 
-from infra.settings import get_settings
 from stack.console import EXIT_OK, Subparsers, one_line_errors, stack_paths
-from stack.control import call, supervisor_running
+from stack.control import call
 from stack.errors import StackError, UsageError
 from stack.services import get_service
-from stack.state import read_state
+from stack.target import admin_token, provider_url
 
 __all__ = ["FAULTY_SERVICES", "fault_body", "register_fault", "register_kill", "register_start", "register_stop"]
 
@@ -125,22 +125,6 @@ def fault_body(args: argparse.Namespace) -> dict[str, Any] | None:
     }
 
 
-def _provider_url(service: str, explicit: str | None) -> tuple[str, bool]:
-    """The provider's URL, and whether it is only a guess (no local stack: the settings' URL, as compose uses)."""
-    if explicit:
-        return explicit.rstrip("/"), False
-    paths = stack_paths()
-    state = read_state(paths) if supervisor_running(paths) else None
-    if state is None:
-        settings = get_settings()
-        guess = settings.hotel_api_url if service == "hotel-api" else settings.payment_api_url
-        return guess.rstrip("/"), True
-    for instance in state.instances:
-        if instance.service == service:
-            return instance.url, False
-    raise StackError(f"{service} is not part of the running stack")
-
-
 def _describe(faults: dict[str, Any]) -> str:
     if not (faults.get("latency_s") or faults.get("error_rate") or faults.get("hang")):
         return "none"
@@ -158,10 +142,12 @@ def _fault(args: argparse.Namespace) -> int:
     body = fault_body(args)
     if args.clear and body is not None:
         raise UsageError("--clear cannot be combined with other fault options")
-    base, guessed = _provider_url(args.service, args.url)
+    base, guessed = provider_url(args.service, args.url)
     url = f"{base}/admin/faults"
+    token = admin_token(bool(args.url))
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     try:
-        with httpx.Client(timeout=5.0) as http:
+        with httpx.Client(timeout=5.0, headers=headers) as http:
             if args.clear:
                 response = http.delete(url)
             elif body is None:
@@ -171,6 +157,11 @@ def _fault(args: argparse.Namespace) -> int:
     except httpx.TransportError as exc:
         hint = "; stack not running? (`concierge up`, or pass --url)" if guessed else ""
         raise StackError(f"{args.service} at {base} is unreachable ({type(exc).__name__}){hint}") from None
+    if response.status_code == 401:
+        what = "the admin token" if token is not None else "a request without an admin token"
+        raise StackError(f"{args.service} at {base} refused {what} (HTTP 401); set CONCIERGE_ADMIN_TOKEN to its token")
+    if response.status_code == 404:
+        raise StackError(f"{args.service} at {base} has no admin routes: it runs without CONCIERGE_ADMIN_TOKEN")
     if response.status_code != 200:
         raise StackError(f"{args.service} refused the faults: HTTP {response.status_code} {response.text[:200]}")
     print(f"{args.service} faults: {_describe(response.json())}")

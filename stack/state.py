@@ -2,7 +2,8 @@
 
 ::
 
-    <data dir>/stack.json          the snapshot below, replaced atomically on every change
+    <data dir>/stack.json          the snapshot below, replaced atomically on every change (mode 0600)
+    <data dir>/secrets.json        the stack's secrets (``StackSecrets``: service secret, admin token), mode 0600
     <data dir>/supervisor.lock     flock'ed by the live supervisor: two ``up`` never share a data directory
     <data dir>/supervisor.sock     the control socket (``kill``, ``stop``, ``status``, ``down``...)
     <data dir>/logs/<name>.log     one log per instance (restarts append), supervisor.log for the supervisor
@@ -10,7 +11,8 @@
     <data dir>/checkpoints.sqlite  the SQLite checkpointer (when DATABASE_URL is unset)
 
 The snapshot is for people and for commands that must work when the supervisor is gone (``down`` sweeping
-leftovers, ``book`` finding the booking-agent); live questions go to the control socket.
+leftovers, ``book`` finding the booking-agent); live questions go to the control socket. The secrets are kept
+apart from it, so no command that shows the snapshot can show them; ``fault`` reads the admin token there.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +34,13 @@ __all__ = [
     "InstanceState",
     "RedisState",
     "StackPaths",
+    "StackSecrets",
     "StackState",
     "is_stack_process",
     "pid_alive",
+    "read_secrets",
     "read_state",
+    "write_secrets",
     "write_state",
 ]
 
@@ -52,6 +59,10 @@ class StackPaths:
     @property
     def state_file(self) -> Path:
         return self.root / "stack.json"
+
+    @property
+    def secrets_file(self) -> Path:
+        return self.root / "secrets.json"
 
     @property
     def lock_file(self) -> Path:
@@ -124,6 +135,8 @@ class StackState:
     error: str | None = None
     ready_after_s: float | None = None
     data_dir: str = ""
+    key_prefix: str = ""
+    """``CONCIERGE_KEY_PREFIX`` of every service in the stack: what commands need to find its keys in Redis."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,12 +157,72 @@ class StackState:
         return pids
 
 
+@dataclass(frozen=True)
+class StackSecrets:
+    """What ``up`` hands every service it runs: ``CONCIERGE_SERVICE_SECRET`` and ``CONCIERGE_ADMIN_TOKEN``.
+
+    Taken from the environment when set there (an operator's choice), generated otherwise: a stack never runs on a
+    value anyone else knows.
+    """
+
+    service_secret: str
+    admin_token: str
+
+    @classmethod
+    def generate(cls) -> StackSecrets:
+        return cls(service_secret=secrets.token_hex(32), admin_token=secrets.token_urlsafe(32))
+
+    @classmethod
+    def from_env_or_new(cls, env: Mapping[str, str]) -> StackSecrets:
+        new = cls.generate()
+        return cls(
+            service_secret=env.get("CONCIERGE_SERVICE_SECRET") or new.service_secret,
+            admin_token=env.get("CONCIERGE_ADMIN_TOKEN") or new.admin_token,
+        )
+
+    def env(self) -> dict[str, str]:
+        return {"CONCIERGE_SERVICE_SECRET": self.service_secret, "CONCIERGE_ADMIN_TOKEN": self.admin_token}
+
+    def __repr__(self) -> str:
+        return "StackSecrets(<redacted>)"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with ``text`` in a file only its owner can read (0600 from the start)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an old temporary file of ours keeps its mode through O_CREAT
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            fd = -1
+            handle.write(text)
+    finally:
+        if fd != -1:
+            os.close(fd)
+    os.replace(tmp, path)
+
+
 def write_state(paths: StackPaths, state: StackState) -> None:
     """Replace the snapshot atomically: a reader sees the old one or the new one, never half of either."""
-    paths.root.mkdir(parents=True, exist_ok=True)
-    tmp = paths.state_file.with_name(f".{paths.state_file.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state.to_json(), indent=2), encoding="utf-8")
-    os.replace(tmp, paths.state_file)
+    _write_private(paths.state_file, json.dumps(state.to_json(), indent=2))
+
+
+def write_secrets(paths: StackPaths, stack_secrets: StackSecrets) -> None:
+    """Keep the running stack's secrets for the commands that need them (``fault``), readable by the owner only."""
+    _write_private(paths.secrets_file, json.dumps(asdict(stack_secrets), indent=2))
+
+
+def read_secrets(paths: StackPaths) -> StackSecrets | None:
+    """The secrets of the stack last started here, or None when there are none."""
+    try:
+        raw = paths.secrets_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return StackSecrets(**json.loads(raw))
+    except (ValueError, TypeError) as exc:
+        raise StackError(f"{paths.secrets_file} is unreadable ({exc}); `concierge up` writes a new one") from exc
 
 
 def read_state(paths: StackPaths) -> StackState | None:

@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 
 from infra.bookings import BookingStore
 from infra.redis import create_redis
+from infra.settings import get_settings
 from stack.console import render_stack
 from stack.control import MAX_MESSAGE_BYTES, decode, encode
 from stack.errors import ControlError, StackAlreadyRunningError, StackError, StartupError
@@ -43,7 +44,7 @@ from stack.layout import Instance, connect_host, select_instances
 from stack.logstream import LogStreamer, last_line
 from stack.redis_server import RedisPlan, redact, redis_reachable, redis_server_argv
 from stack.services import SERVICES, UnknownServiceError
-from stack.state import InstanceState, RedisState, StackPaths, StackState, write_state
+from stack.state import InstanceState, RedisState, StackPaths, StackSecrets, StackState, write_secrets, write_state
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -98,6 +99,8 @@ class SupervisorConfig:
     echo_logs: bool = False
     """Foreground: stream every child's log lines to stdout, prefixed with its name."""
     checkpointer: str = ""
+    secrets: StackSecrets = field(default_factory=StackSecrets.generate)
+    """Every child's ``CONCIERGE_SERVICE_SECRET`` and ``CONCIERGE_ADMIN_TOKEN``; kept in ``secrets.json`` (0600)."""
 
 
 def describe_exit(code: int | None) -> str:
@@ -112,8 +115,9 @@ def describe_exit(code: int | None) -> str:
 
 
 def child_env(config: SupervisorConfig) -> dict[str, str]:
-    """What every child sees: the caller's environment, with the stack's Redis, data dir and peer URLs."""
+    """What every child sees: the caller's environment, with the stack's Redis, data dir, secrets and peer URLs."""
     env = dict(config.base_env)
+    env.update(config.secrets.env())
     # One id per process is minted at spawn: replicas sharing an id would share lease ownership.
     env.pop("CONCIERGE_INSTANCE_ID", None)
     env["PYTHONUNBUFFERED"] = "1"
@@ -267,6 +271,7 @@ class Supervisor:
             error=self._error,
             ready_after_s=self._ready_after,
             data_dir=str(self.paths.root),
+            key_prefix=self.config.base_env.get("CONCIERGE_KEY_PREFIX") or get_settings().key_prefix,
         )
 
     def _changed(self) -> None:
@@ -312,6 +317,7 @@ class Supervisor:
         background: list[asyncio.Task[None]] = []
         server: asyncio.Server | None = None
         try:
+            write_secrets(self.paths, self.config.secrets)  # before any child: `fault` may ask as soon as one is up
             self._install_signal_handlers()
             server = await self._serve_control()
             if self._streamer is not None:

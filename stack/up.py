@@ -2,10 +2,15 @@
 
     concierge up [--detach] [--scale NAME=N]... [--port-base N] [--port NAME=PORT]... [--grace S] [--timeout S]
 
-Before anything starts, in this order and each in well under a second or two: the data directory is free (no
-live supervisor), the planned ports are free, Redis is found (``redis_server.plan_redis``). Any of them failing is
+Before anything starts, in this order and each in well under a second or two: a service secret taken from the
+environment is usable, the data directory is free (no live supervisor), the planned ports are free, Redis is found
+(``redis_server.plan_redis``). Any of them failing is
 one line and exit 1, with nothing left running. ``--detach`` starts the same supervisor as a background process
 (new session, output in ``<data dir>/logs/supervisor.log``) and returns once it reports every service ready.
+
+The stack's secrets (``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN``) come from the environment when set
+there and are generated otherwise; the supervisor hands them to every service and keeps them in
+``<data dir>/secrets.json`` (0600) for the commands that need them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from infra.auth import MissingSecretError, service_secret
 from infra.settings import get_settings
 from stack.console import (
     EXIT_FAILURE,
@@ -37,7 +43,7 @@ from stack.errors import PortInUseError, StackAlreadyRunningError, StartupError
 from stack.layout import Instance, parse_assignments, plan_instances
 from stack.logstream import last_line
 from stack.redis_server import plan_redis, redact
-from stack.state import StackPaths, is_stack_process, pid_alive, read_state
+from stack.state import StackPaths, StackSecrets, is_stack_process, pid_alive, read_state
 from stack.supervisor import DEFAULT_GRACE_S, DEFAULT_READY_TIMEOUT_S, Supervisor, SupervisorConfig
 
 __all__ = ["READY_PHRASE", "concierge_command", "main", "register_up"]
@@ -99,6 +105,7 @@ def _up(args: argparse.Namespace) -> int:
         port_base=args.port_base,
         ports=parse_assignments(args.port, option="--port"),
     )
+    _check_secret()
     if supervisor_running(paths):
         state = read_state(paths)
         pid = state.supervisor_pid if state else "?"
@@ -139,6 +146,7 @@ async def _config(
         ready_timeout_s=args.timeout,
         echo_logs=echo_logs,
         checkpointer=checkpointer,
+        secrets=StackSecrets.from_env_or_new(os.environ),
     )
 
 
@@ -167,6 +175,15 @@ def _check_ports(instances: Sequence[Instance], host: str) -> None:
                     f"port {instance.port} ({instance.name}) is not available on {host}: {exc.strerror}; "
                     "stop what uses it or choose other ports with --port-base / --port"
                 ) from None
+
+
+def _check_secret() -> None:
+    """A secret taken from the environment must be usable: one line now, not a failure in every service's log."""
+    if os.environ.get("CONCIERGE_SERVICE_SECRET"):
+        try:
+            service_secret()
+        except MissingSecretError as exc:
+            raise StartupError(f"{exc}; or unset it and `up` generates one") from None
 
 
 def _daemon_argv(args: argparse.Namespace) -> list[str]:

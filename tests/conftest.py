@@ -3,6 +3,8 @@
 Redis: ``REDIS_URL`` when set, otherwise a private ``redis-server`` on a free port for the session.
 Postgres: a fresh database per test on ``TEST_DATABASE_URL`` (default: the local server), dropped afterwards.
 Under ``CI=true`` a missing Redis or Postgres fails the test; locally it skips with the reason.
+``settings_env`` also gives a service started in process (or by ``tests.procs``) the test deployment's secrets:
+``TEST_SERVICE_SECRET`` and ``TEST_ADMIN_TOKEN``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from infra.settings import get_settings
 from tests.procs import free_port
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+TEST_SERVICE_SECRET = "test-service-secret-" + "0123456789abcdef" * 2
+TEST_ADMIN_TOKEN = "test-admin-token"
 
 
 def unavailable(reason: str) -> None:
@@ -30,13 +34,19 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def start_redis_server(port: int | None = None, *, appendonly: bool = False) -> tuple[subprocess.Popen[bytes], str]:
-    """A private redis-server (tests that kill Redis use this); returns the process and its URL."""
+def start_redis_server(
+    port: int | None = None, *, appendonly: bool = False, workdir: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A private redis-server (tests that kill Redis use this); returns the process and its URL.
+
+    ``appendonly``: every write is fsynced to the AOF before it is acknowledged, so a ``kill -9`` loses nothing
+    acknowledged; restart on the same ``port`` and ``workdir`` to get the data back.
+    """
     exe = shutil.which("redis-server")
     if exe is None:
         unavailable("redis-server is not on PATH")
     port = port or free_port()
-    workdir = tempfile.mkdtemp(prefix="concierge-redis-")
+    workdir = workdir or tempfile.mkdtemp(prefix="concierge-redis-")
     proc = subprocess.Popen(
         [
             exe or "redis-server",
@@ -48,6 +58,8 @@ def start_redis_server(port: int | None = None, *, appendonly: bool = False) -> 
             "",
             "--appendonly",
             "yes" if appendonly else "no",
+            "--appendfsync",
+            "always",
             "--dir",
             workdir,
         ],
@@ -89,9 +101,12 @@ def key_prefix() -> str:
 
 @pytest.fixture
 def settings_env(monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str) -> Iterator[pytest.MonkeyPatch]:
-    """Point ``get_settings()`` at the test Redis and a unique prefix; extend with ``settings_env.setenv``."""
+    """Point ``get_settings()`` at the test Redis, a unique prefix and the test secrets; extend with
+    ``settings_env.setenv``."""
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("CONCIERGE_KEY_PREFIX", key_prefix)
+    monkeypatch.setenv("CONCIERGE_SERVICE_SECRET", TEST_SERVICE_SECRET)
+    monkeypatch.setenv("CONCIERGE_ADMIN_TOKEN", TEST_ADMIN_TOKEN)
     get_settings.cache_clear()
     yield monkeypatch
     get_settings.cache_clear()

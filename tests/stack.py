@@ -5,6 +5,11 @@ together on free ports, one Redis key prefix, one fresh Postgres database, a spa
         stack.start()                      # hotel-api, payment-api, search-agent, payment-agent, booking-agent
         booking = stack.book(city="Lisbon")
         assert stack.wait(booking["booking_id"])["status"] == "confirmed"
+
+Every stack has its own ``CONCIERGE_SERVICE_SECRET`` (``stack.secret``) and ``CONCIERGE_ADMIN_TOKEN``
+(``stack.admin_token``); ``stack.admin(...)``, ``stack.fault(...)`` and ``stack.ledger(...)`` present the latter,
+``stack.service_token(issuer, audience)`` mints what a service would present and ``stack.a2a(...)`` calls a skill
+with it. ``CONCIERGE_SERVICE_TOKEN`` is set too (``stack.retired_token``), only so a test can show nobody takes it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, Self
 import httpx
 import psycopg
 
+from infra.auth import mint_service_token
 from tests.procs import Processes, ServiceProcess, free_port
 
 CORE = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent")
@@ -71,13 +77,17 @@ class Stack:
         """``span_files=False``: no ``CONCIERGE_SPAN_FILE``, for runs that measure (the export is synchronous)."""
         self.tmp_path = tmp_path
         self.ports = {name: free_port() for name in URL_ENV}
-        self.token = secrets.token_hex(16)
+        self.secret = secrets.token_hex(32)
+        self.admin_token = secrets.token_urlsafe(24)
+        self.retired_token = secrets.token_hex(16)
         self.prefix = key_prefix or f"e2e-{uuid.uuid4().hex[:10]}"
         self.span_files = span_files
         self.env: dict[str, str] = {
             "REDIS_URL": redis_url,
             "CONCIERGE_KEY_PREFIX": self.prefix,
-            "CONCIERGE_SERVICE_TOKEN": self.token,
+            "CONCIERGE_SERVICE_SECRET": self.secret,
+            "CONCIERGE_ADMIN_TOKEN": self.admin_token,
+            "CONCIERGE_SERVICE_TOKEN": self.retired_token,
             "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
             "CONCIERGE_LOG_LEVEL": "INFO",
             **{URL_ENV[name]: f"http://127.0.0.1:{port}" for name, port in self.ports.items()},
@@ -131,15 +141,49 @@ class Stack:
                 return booking
             time.sleep(0.05)
 
+    # --- the operator's view: the providers' /admin routes, with the stack's admin token ---------------------
+    def admin(self, method: str, provider: str, path: str, **kwargs: Any) -> httpx.Response:
+        """``method /admin/<path>`` on ``provider`` with ``Authorization: Bearer <admin token>``."""
+        headers = {"Authorization": f"Bearer {self.admin_token}", **kwargs.pop("headers", {})}
+        return self.http.request(method, f"{self.url(provider)}/admin/{path}", headers=headers, **kwargs)
+
     def ledger(self, provider: str) -> dict[str, Any]:
-        return dict(self.http.get(f"{self.url(provider)}/admin/ledger").json())
+        response = self.admin("GET", provider, "ledger")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
 
     def fault(self, provider: str, **fault: Any) -> None:
         if fault:
-            response = self.http.put(f"{self.url(provider)}/admin/faults", json=fault)
+            response = self.admin("PUT", provider, "faults", json=fault)
         else:
-            response = self.http.delete(f"{self.url(provider)}/admin/faults")
+            response = self.admin("DELETE", provider, "faults")
         assert response.status_code in (200, 204), response.text
+
+    # --- another service's view: A2A with a service token ---------------------------------------------------
+    def service_token(
+        self, issuer: str, audience: str, *, secret: str | None = None, now: float | None = None, ttl_s: int = 60
+    ) -> str:
+        """A token from ``issuer`` for ``audience``, signed with this stack's secret (or ``secret``)."""
+        return mint_service_token(secret or self.secret, issuer=issuer, audience=audience, now=now, ttl_s=ttl_s)
+
+    def a2a(self, service: str, skill: str, data: dict[str, Any], *, authorization: str | None) -> httpx.Response:
+        """A raw JSON-RPC ``SendMessage`` running ``skill`` on ``service``, with the given ``Authorization``."""
+        body = {
+            "jsonrpc": "2.0",
+            "id": uuid.uuid4().hex,
+            "method": "SendMessage",
+            "params": {
+                "message": {
+                    "messageId": uuid.uuid4().hex,
+                    "role": "ROLE_USER",
+                    "parts": [{"data": {"skill": skill, "input": data}}],
+                }
+            },
+        }
+        headers = {"A2A-Version": "1.0"}
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        return self.http.post(f"{self.url(service)}/a2a", json=body, headers=headers)
 
     def spans(self, service: str) -> list[dict[str, Any]]:
         path = self.span_file(service)

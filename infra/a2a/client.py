@@ -1,7 +1,8 @@
-"""The A2A client side: ``A2AClient(base_url)`` calls one peer agent's skills.
+"""The A2A client side: ``A2AClient(base_url, audience=<peer's service name>)`` calls one peer agent's skills.
 
-One pooled ``infra.http.create_http_client(base_url, with_token=True)`` (budget, ``traceparent`` and token headers
-on every request) under the SDK's ``JsonRpcTransport``; the whole call is bounded by the remaining budget too.
+One pooled ``infra.http.create_http_client(base_url, audience=...)`` (budget, ``traceparent`` and service token
+headers on every request) under the SDK's ``JsonRpcTransport``; the whole call is bounded by the remaining budget
+too. The token names this service and the peer (``infra.auth``): the peer refuses one minted for anyone else.
 """
 
 from __future__ import annotations
@@ -50,12 +51,25 @@ _tracer = trace.get_tracer("concierge.a2a")
 
 
 class A2AClient:
-    """Calls one peer agent's skills. One instance per peer, shared by all requests (it pools connections)."""
+    """Calls one peer agent's skills. One instance per peer, shared by all requests (it pools connections).
 
-    def __init__(self, base_url: str, *, http: httpx.AsyncClient | None = None) -> None:
+    ``audience`` is the peer's service name (``search-agent``...), the ``aud`` of the tokens sent; ``issuer`` names
+    the caller when it is not the running service itself (tests, tools). ``http`` replaces the whole HTTP client,
+    tokens included.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        audience: str,
+        issuer: str | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
         self._base_url = base_url.rstrip("/")
+        self.audience = audience
         self._owns_http = http is None
-        self._http = http if http is not None else create_http_client(self._base_url, with_token=True)
+        self._http = http if http is not None else create_http_client(self._base_url, audience=audience, issuer=issuer)
         self._http.headers.setdefault(VERSION_HEADER, PROTOCOL_VERSION_CURRENT)
         # Talking to the transport directly skips a card fetch per peer and the client's interceptor chain;
         # the endpoint path is fixed by our contract, not discovered.

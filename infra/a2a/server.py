@@ -1,19 +1,21 @@
 """The A2A server side: ``mount_a2a`` serves an agent card and JSON-RPC skills on a FastAPI app.
 
-The ``/a2a`` endpoint checks the service token (constant time), starts the budget from ``X-Timeout-Budget`` and
-adopts the caller's ``traceparent`` before the SDK sees the request; a blocking ``SendMessage`` that starts a new
-task runs the skill inline, in the request's own task. Why, and the wire format: ``docs/a2a.md``.
+The ``/a2a`` endpoint checks the service token (a JWT for this agent, signed with the deployment's secret:
+``infra.auth``; 401 otherwise), starts the budget from ``X-Timeout-Budget`` and adopts the caller's ``traceparent``
+before the SDK sees the request; a blocking ``SendMessage`` that starts a new task runs the skill inline, in the
+request's own task. A skill that names its ``callers`` refuses everyone else (``forbidden``), by the token's
+verified ``iss``. Why, and the wire format: ``docs/a2a.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -56,12 +58,14 @@ from starlette.routing import Route
 from domain.booking import ErrorCode
 from infra.a2a.errors import SkillFailure
 from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH, RESULT_ARTIFACT, data_part, error_payload, first_data
-from infra.error_table import answer_for, error_body
+from infra.auth import InvalidServiceTokenError, MissingSecretError, ServiceClaims, TokenVerifier, service_secret
+from infra.error_table import answer_for, answer_response, error_body
 from infra.settings import get_settings
 from resilience import bulkhead_registry
 from resilience.budget import BUDGET_HEADER, budget_scope, parse_budget_header, remaining_budget
 from resilience.errors import (
     BudgetExhaustedError,
+    InvalidBudgetHeaderError,
 )
 
 logger = logging.getLogger(__name__)
@@ -75,11 +79,21 @@ _TASKS_KEPT = 1000
 SkillHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
+# The verified caller of the request being served (the token's ``iss``); tasks the SDK starts for it inherit it.
+_caller: ContextVar[str | None] = ContextVar("a2a_caller", default=None)
+
+
+def current_caller() -> str | None:
+    """The service calling the skill that is running now (verified), ``None`` outside a skill."""
+    return _caller.get()
+
+
 @dataclass(frozen=True)
 class Skill:
     """One skill an agent offers: advertised on its card, served by ``handler(input) -> result``.
 
-    Both ``input`` and the result are JSON-compatible dicts.
+    Both ``input`` and the result are JSON-compatible dicts. ``callers`` names the services allowed to call it
+    (by the verified ``iss`` of their token); ``None``: any service of the deployment.
     """
 
     id: str
@@ -87,6 +101,11 @@ class Skill:
     description: str
     handler: SkillHandler
     tags: tuple[str, ...] = ()
+    callers: Collection[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.callers is not None:
+            object.__setattr__(self, "callers", frozenset(self.callers))
 
 
 class _RecentTaskStore(TaskStore):
@@ -170,6 +189,12 @@ class _SkillExecutor(AgentExecutor):
 
     async def _run(self, message: Message | None) -> dict[str, Any]:
         skill, payload = self._parse(message)
+        caller = _caller.get()
+        if skill.callers is not None and caller not in skill.callers:
+            allowed = ", ".join(sorted(skill.callers)) or "no service"
+            raise SkillFailure(
+                ErrorCode.FORBIDDEN, f"{caller or 'this caller'} may not call {skill.id} (only {allowed})"
+            )
         remaining = remaining_budget()
         with _tracer.start_as_current_span(
             f"a2a.skill {skill.id}", attributes={"a2a.skill": skill.id, "concierge.budget_s": remaining}
@@ -276,7 +301,10 @@ def _agent_card(name: str, description: str, url: str, skills: Sequence[Skill], 
         security_schemes={
             "bearer": SecurityScheme(
                 http_auth_security_scheme=HTTPAuthSecurityScheme(
-                    scheme="bearer", description="Authorization: Bearer <CONCIERGE_SERVICE_TOKEN>"
+                    scheme="bearer",
+                    bearer_format="JWT",
+                    description="Authorization: Bearer <JWT, HS256 with the deployment's secret; iss: the calling "
+                    "service, aud: this agent, exp: at most a few minutes ahead>",
                 )
             )
         },
@@ -302,20 +330,44 @@ def _error_response(code: ErrorCode, message: str, headers: dict[str, str] | Non
     return JSONResponse(error_body(code, message), status_code=code.http_status, headers=headers)
 
 
-def token_ok(header: str | None) -> bool:
-    """``Authorization`` holds ``Bearer $CONCIERGE_SERVICE_TOKEN`` (constant-time comparison)."""
-    scheme, _, credentials = (header or "").partition(" ")
-    expected = get_settings().service_token.encode()
-    # compare even when the scheme is wrong, so timing says nothing about which part failed
-    same = hmac.compare_digest(credentials.strip().encode("latin-1", "replace"), expected)
-    return same and scheme.lower() == "bearer"
+_verifiers: dict[str, TokenVerifier] = {}
 
 
-def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """Token, budget and trace context around the SDK's JSON-RPC endpoint."""
+def authenticate(header: str | None, audience: str) -> ServiceClaims:
+    """The verified claims of the service token in ``Authorization``, for the agent ``audience``.
+
+    ``InvalidServiceTokenError`` when there is none, or it is not a current token of this deployment for
+    ``audience`` (and when this process has no usable secret: then nothing is accepted).
+    """
+    try:
+        secret = service_secret()
+    except MissingSecretError as exc:
+        raise InvalidServiceTokenError(f"this agent has no usable secret: {exc}") from None
+    verifier = _verifiers.get(audience)
+    if verifier is None:
+        verifier = _verifiers[audience] = TokenVerifier(audience)
+    return verifier.verify(header, secret)
+
+
+def token_ok(header: str | None, audience: str) -> bool:
+    """``Authorization`` holds a valid service token for the agent ``audience`` (see ``authenticate``)."""
+    try:
+        authenticate(header, audience)
+    except InvalidServiceTokenError:
+        return False
+    return True
+
+
+def _guarded(
+    endpoint: Callable[[Request], Awaitable[Response]], audience: str
+) -> Callable[[Request], Awaitable[Response]]:
+    """Token, budget and trace context around the SDK's JSON-RPC endpoint of the agent ``audience``."""
 
     async def a2a_endpoint(request: Request) -> Response:
-        if not token_ok(request.headers.get("authorization")):
+        try:
+            claims = authenticate(request.headers.get("authorization"), audience)
+        except InvalidServiceTokenError as exc:
+            logger.info("A2A call to %s refused: %s", audience, exc.reason)
             return _error_response(
                 ErrorCode.UNAUTHORIZED, "a valid service token is required", {"WWW-Authenticate": "Bearer"}
             )
@@ -324,16 +376,19 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Re
             seconds = parse_budget_header(
                 request.headers.get(BUDGET_HEADER), default=settings.default_budget_s, maximum=settings.max_budget_s
             )
-        except ValueError as exc:
-            return _error_response(ErrorCode.INVALID_BUDGET, str(exc))
+        except InvalidBudgetHeaderError as exc:  # on an app without the shell's edge, which answers it first
+            status, body, headers = answer_response(answer_for(exc))
+            return JSONResponse(body, status_code=status, headers=headers)
         # An instrumented app already made a server span under the caller's trace; otherwise adopt it here.
         token = None
         if not trace.get_current_span().get_span_context().is_valid:
             token = otel_context.attach(propagate.extract(request.headers))
+        caller = _caller.set(claims.issuer)
         try:
             with budget_scope(seconds):
                 return await endpoint(request)
         finally:
+            _caller.reset(caller)
             if token is not None:
                 otel_context.detach(token)
 
@@ -368,9 +423,10 @@ def mount_a2a(
 ) -> None:
     """Serve ``skills`` over A2A on ``app``: card at ``AGENT_CARD_PATH`` (public), JSON-RPC at ``A2A_PATH``.
 
-    ``url`` is the agent's public base URL (advertised on the card); ``bulkhead`` names the
-    ``resilience.bulkhead_registry`` entry every handler runs in. ``inline_send=False`` sends every request through
-    the SDK's generic ``DefaultRequestHandler`` (what ``bench/a2a_overhead.py`` compares against).
+    ``name`` is the agent's service name: the ``aud`` its callers' tokens must carry. ``url`` is the agent's public
+    base URL (advertised on the card); ``bulkhead`` names the ``resilience.bulkhead_registry`` entry every handler
+    runs in. ``inline_send=False`` sends every request through the SDK's generic ``DefaultRequestHandler`` (what
+    ``bench/a2a_overhead.py`` compares against).
     """
     by_id = {s.id: s for s in skills}
     if not by_id:
@@ -385,7 +441,7 @@ def mount_a2a(
         else DefaultRequestHandler(agent_executor=executor, task_store=_RecentTaskStore(), agent_card=card)
     )
     rpc_routes = [
-        Route(route.path, endpoint=_guarded(route.endpoint), methods=["POST"])
+        Route(route.path, endpoint=_guarded(route.endpoint, name), methods=["POST"])
         for route in create_jsonrpc_routes(handler, rpc_url=A2A_PATH)
         if isinstance(route, Route)
     ]

@@ -9,6 +9,9 @@ Errors are converted here (see ``infra.clients.errors``): ``ProviderUnavailableE
 ``resilience.errors.BudgetExhaustedError`` (the provider may be fine; we are out of time).
 
 The clients add no retry, breaker or bulkhead of their own; wrap calls in ``resilience.policy_for(...)``.
+
+The admin methods (faults, ledger, availability) send ``CONCIERGE_ADMIN_TOKEN`` when it is set; the business calls
+never carry it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, ClassVar, NoReturn, Self
 
 import httpx
 
+from infra.auth import admin_token
 from infra.clients.errors import (
     IdempotencyMismatchError,
     InvalidProviderRequestError,
@@ -82,7 +86,9 @@ class _ProviderClient:
         idempotency_key: str | None = None,
     ) -> Any:
         what = f"{self.provider} {method} {path}"
-        headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key is not None else None
+        headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key is not None else {}
+        if path.startswith("/admin/") and (token := admin_token()) is not None:
+            headers["Authorization"] = f"Bearer {token}"
         try:
             response = await self._http.request(method, path, json=json, params=params, headers=headers)
             response.raise_for_status()

@@ -1,8 +1,10 @@
 """``create_service_app(name)``: the FastAPI app every service starts from (``docs/service-shell.md``).
 
-Its lifespan sets up logging, telemetry, budget defaults, the resilience metrics hook and one Redis client on
-``app.state.redis``, then runs the service's own lifespan nested inside; its edge is ``infra.service.middleware``,
-its error answers come from ``infra.error_table``, its routes from ``infra.service.health``.
+Its lifespan sets up logging, the service's identity (``name`` signs its service tokens with
+``CONCIERGE_SERVICE_SECRET``; no usable secret, no start: ``infra.auth``), telemetry, budget defaults, the resilience
+metrics hook and one Redis client on ``app.state.redis``, then runs the service's own lifespan nested inside; its
+edge is ``infra.service.middleware``, its error answers come from ``infra.error_table``, its routes from
+``infra.service.health``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
 
-from infra.error_table import TABLE, answer_for, error_body
+from infra.auth import MissingSecretError, use_service_identity
+from infra.error_table import TABLE, answer_for, answer_response
 from infra.gc_tuning import service_gc
 from infra.metrics import install_resilience_metrics
 from infra.redis import create_redis
@@ -45,7 +48,6 @@ from resilience import (
     circuit_registry,
     configure_budget,
 )
-from resilience.errors import CircuitOpenError
 
 logger = logging.getLogger("infra.service")  # one logger for the whole shell
 
@@ -91,15 +93,9 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _answer(request: Request, exc: Exception) -> JSONResponse:
-    """An exception the error table knows, answered with its code and status (``Retry-After`` for an open circuit)."""
-    answer = answer_for(exc)
-    if isinstance(exc, CircuitOpenError):
-        return JSONResponse(
-            error_body(answer.code, answer.message, circuit=exc.name, retry_after=exc.retry_after),
-            status_code=answer.status,
-            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))},
-        )
-    return JSONResponse(error_body(answer.code, answer.message), status_code=answer.status)
+    """An exception the error table knows, answered with its code and status (``Retry-After`` when retryable)."""
+    status, body, headers = answer_response(answer_for(exc))
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _instance_id() -> str:
@@ -162,6 +158,11 @@ def create_service_app(
     async def shell_lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings = get_settings()
         configure_logging(service_name, settings.log_level)
+        try:
+            identity = use_service_identity(service_name, settings)
+        except MissingSecretError as exc:
+            logger.error("%s cannot start: %s", service_name, exc)
+            raise
         configure_telemetry(service_name)
         budget_defaults = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
         install_resilience_metrics()
@@ -181,6 +182,7 @@ def create_service_app(
                 await redis.aclose()
             finally:
                 budget_defaults.restore()
+                identity.restore()
                 shutdown_telemetry()
                 logger.info("%s stopped", service_name)
 

@@ -19,7 +19,7 @@ from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.booking import ErrorCode
-from infra.error_table import error_body
+from infra.error_table import answer_for, answer_response, error_body
 from infra.settings import get_settings
 from resilience import (
     BUDGET_HEADER,
@@ -138,21 +138,19 @@ class BudgetMiddleware:
             await self.app(scope, receive, send)
             return
         settings = get_settings()
-        try:
-            seconds = parse_budget_header(
-                _header(scope, BUDGET_HEADER.lower().encode()),
-                default=settings.default_budget_s,
-                maximum=settings.max_budget_s,
-            )
-        except ValueError as exc:
-            await _send_json(send, 400, error_body(ErrorCode.INVALID_HEADER, str(exc), header=BUDGET_HEADER))
-            return
+        # a bad header raises InvalidBudgetHeaderError: the error boundary outside answers it (400 invalid_header)
+        seconds = parse_budget_header(
+            _header(scope, BUDGET_HEADER.lower().encode()),
+            default=settings.default_budget_s,
+            maximum=settings.max_budget_s,
+        )
         with budget_scope(seconds):
             await self.app(scope, receive, send)
 
 
 class ErrorBoundaryMiddleware:
-    """Any exception no handler mapped: traceback to the log and the span, ``{"error": {"code": "internal"}}``."""
+    """Any exception no handler mapped: answered from the error table when it names an outage underneath
+    (``dependency_unavailable``); otherwise traceback to the log and the span, ``{"error": {"code": "internal"}}``."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -172,13 +170,22 @@ class ErrorBoundaryMiddleware:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:
-            logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             span = trace.get_current_span()
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            # a package's own error over a Redis or Postgres outage (``RunStoreError`` from a ConnectionError)
+            answer = answer_for(exc)
+            if answer.code == ErrorCode.INTERNAL:
+                logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            else:
+                logger.warning("%s %s: %s (%s)", scope.get("method"), scope.get("path"), answer.code, exc)
             if started:
                 raise  # too late for a clean answer; the server drops the connection
-            await _send_json(send, ErrorCode.INTERNAL.http_status, error_body(ErrorCode.INTERNAL))
+            if answer.code == ErrorCode.INTERNAL:
+                await _send_json(send, answer.status, error_body(ErrorCode.INTERNAL))
+                return
+            status, body, headers = answer_response(answer)
+            await _send_json(send, status, body, [(k.lower().encode(), v.encode()) for k, v in headers.items()])
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
 
-TOKEN = "a2a-e2e-token"
+SECRET = "a2a-e2e-secret-" + "0123456789abcdef" * 2
 ROOT = Path(__file__).resolve().parents[2]
 
 AGENT = textwrap.dedent(
@@ -75,7 +75,7 @@ AGENT = textwrap.dedent(
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     port = free_port()
     marker = tmp_path_factory.mktemp("a2a") / "slow-handler"
-    env = {**os.environ, "CONCIERGE_SERVICE_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CONCIERGE_SERVICE_SECRET": SECRET, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", AGENT, str(port), str(marker)], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -101,10 +101,10 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
 
 @pytest.fixture
 async def client(monkeypatch: pytest.MonkeyPatch, agent: tuple[str, Path]) -> AsyncIterator[A2AClient]:
-    monkeypatch.setenv("CONCIERGE_SERVICE_TOKEN", TOKEN)
+    monkeypatch.setenv("CONCIERGE_SERVICE_SECRET", SECRET)
     get_settings.cache_clear()
     try:
-        async with A2AClient(agent[0]) as c:
+        async with A2AClient(agent[0], audience="e2e-agent", issuer="booking-agent") as c:
             yield c
     finally:
         get_settings.cache_clear()

@@ -72,7 +72,7 @@ def test_non_finite_numbers_at_the_providers_are_422_naming_the_field(stack: Sta
     assert charged.status_code == 422 and "amount" in _fields(charged.json()), charged.text
     assert not [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == "hostile"]
 
-    faults = stack.http.put(f"{stack.url('hotel-api')}/admin/faults", content=_raw({}, latency_s="1e400"), headers=JSON)
+    faults = stack.admin("PUT", "hotel-api", "faults", content=_raw({}, latency_s="1e400"), headers=JSON)
     assert faults.status_code == 422 and "latency_s" in _fields(faults.json()), faults.text
 
 

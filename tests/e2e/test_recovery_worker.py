@@ -20,7 +20,7 @@ import pytest
 
 from recovery import DeadLetterQueue, QueueGuard, RecoveryQueue
 from runs import RunStatus, RunStore
-from tests.conftest import free_port, start_redis_server
+from tests.conftest import TEST_SERVICE_SECRET, free_port, start_redis_server
 from tests.procs import Processes, ServiceProcess, concierge_command
 from tests.stack import fresh_database
 
@@ -40,6 +40,7 @@ def worker_env(redis_url: str, key_prefix: str, database: str) -> dict[str, str]
         "REDIS_URL": redis_url,
         "CONCIERGE_KEY_PREFIX": key_prefix,
         "DATABASE_URL": database,
+        "CONCIERGE_SERVICE_SECRET": TEST_SERVICE_SECRET,
         "RECOVERY_QUEUE_MAX_SIZE": "5",
         "ORPHAN_SCAN_INTERVAL": "0.2",
         "RUN_LEASE_TTL": "1",
@@ -112,7 +113,8 @@ async def test_worker_survives_a_redis_outage_and_says_so(procs: Processes, key_
         server.kill()
         server.wait(timeout=10)
         queue = await get(f"{worker.url}/health/queue")
-        assert queue.status_code == 503 and queue.json()["error"]["code"] == "unavailable"
+        assert queue.status_code == 503 and queue.json()["error"]["code"] == "dependency_unavailable"
+        assert queue.headers["retry-after"] == "1"
         assert (await get(f"{worker.url}/health/ready")).status_code == 503
         metrics = await get(f"{worker.url}/metrics")
         assert metrics.status_code == 200, "a scrape still works, without the queue figures"

@@ -10,11 +10,14 @@ import httpx
 import pytest
 
 from stack import SERVICES
+from tests.conftest import TEST_ADMIN_TOKEN
 from tests.procs import HOST, Processes, concierge_command, free_port
 
 pytestmark = pytest.mark.e2e
 
 STAY = {"hotel_id": "lisbon-02", "checkin": "2033-06-01", "checkout": "2033-06-04", "guests": 3, "reference": "bk-e2e"}
+# ``redis`` (through ``settings_env``) gives the processes the test secret and this admin token
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
 
 
 @pytest.fixture
@@ -26,7 +29,7 @@ def procs(tmp_path: Path, redis: object, redis_url: str, key_prefix: str) -> Ite
 
 def availability(url: str) -> int:
     params = {"hotel_id": STAY["hotel_id"], "checkin": STAY["checkin"], "checkout": STAY["checkout"]}
-    return int(httpx.get(f"{url}/admin/availability", params=params).json()["available_rooms"])
+    return int(httpx.get(f"{url}/admin/availability", params=params, headers=ADMIN).json()["available_rooms"])
 
 
 def test_reservation_survives_kill_9(procs: Processes) -> None:
@@ -76,7 +79,7 @@ def _requests_logged(procs: Processes, name: str, *, env: dict[str, str], args: 
     port = free_port()
     argv = [*concierge_command(), "serve", "payment-api", "--host", HOST, "--port", str(port), *args]
     service = procs.start(name, argv, port=port, env=env)
-    assert httpx.get(f"{service.url}/admin/ledger").status_code == 200
+    assert httpx.get(f"{service.url}/admin/ledger", headers=ADMIN).status_code == 200
     service.terminate()
     return '"GET /admin/ledger HTTP/1.1" 200' in service.log_text()
 

@@ -29,7 +29,7 @@ from stack.control import call
 from stack.errors import ControlError
 from stack.layout import plan_instances
 from stack.redis_server import RedisPlan
-from stack.state import StackPaths, pid_alive, read_state
+from stack.state import StackPaths, pid_alive, read_secrets, read_state
 from stack.supervisor import RestartPolicy, Supervisor, SupervisorConfig
 from tests.procs import concierge_command, free_port
 
@@ -243,7 +243,9 @@ def concierge(env: dict[str, str], *args: str, timeout: float = 60) -> subproces
 
 @pytest.fixture
 def stack_env(tmp_path: Path, redis_url: str) -> Iterator[dict[str, str]]:
-    env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}  # SQLite: what `up` defaults to
+    # SQLite: what `up` defaults to; the secrets: what `up` generates
+    unset = ("DATABASE_URL", "CONCIERGE_SERVICE_SECRET", "CONCIERGE_ADMIN_TOKEN")
+    env = {key: value for key, value in os.environ.items() if key not in unset}
     env |= {
         "REDIS_URL": redis_url,
         "CONCIERGE_KEY_PREFIX": f"up-{uuid.uuid4().hex[:10]}",
@@ -268,10 +270,30 @@ def port_flags() -> list[str]:
     return flags
 
 
-def ledger(url: str) -> dict[str, Any]:
-    response = httpx.get(f"{url}/admin/ledger", timeout=10)
+def ledger(url: str, paths: StackPaths) -> dict[str, Any]:
+    """A provider's ledger, with the admin token ``up`` generated and keeps in the data directory."""
+    stack_secrets = read_secrets(paths)
+    assert stack_secrets is not None
+    headers = {"Authorization": f"Bearer {stack_secrets.admin_token}"}
+    response = httpx.get(f"{url}/admin/ledger", headers=headers, timeout=10)
     assert response.status_code == 200, response.text
     return dict(response.json())
+
+
+def seed_dlq(env: dict[str, str], thread_id: str) -> None:
+    """A dead-lettered run in the stack's Redis, written by another process with the stack's settings."""
+    script = (
+        "import asyncio\n"
+        "from infra.redis import create_redis\n"
+        "from recovery import DeadLetterQueue\n"
+        "async def main():\n"
+        "    redis = create_redis()\n"
+        f"    await DeadLetterQueue(redis).send_to_dlq({thread_id!r}, 'max_attempts', 'seeded by the test', 3)\n"
+        "    await redis.aclose()\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
 
 
 def follow_lines(proc: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
@@ -297,12 +319,18 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     ready_s = time.monotonic() - started
     assert ready_s < 60, f"up --detach took {ready_s:.1f}s"
 
+    # the secrets `up` generated: kept for the owner alone, and the admin routes are closed to anyone else
+    paths = StackPaths.at(tmp_path / "data")
+    assert paths.secrets_file.stat().st_mode & 0o777 == 0o600
+    assert paths.state_file.stat().st_mode & 0o777 == 0o600
+
     again = concierge(env, "up", "--detach")
     assert again.returncode == 1 and "already running" in again.stderr and "Traceback" not in again.stderr
 
     status = json.loads(concierge(env, "status", "--json").stdout)
     urls = {i["name"]: i["url"] for i in status["instances"]}
     assert {i["status"] for i in status["instances"]} == {"up"}
+    assert httpx.get(f"{urls['payment-api']}/admin/ledger", timeout=10).status_code == 401
     assert set(urls) == {
         "hotel-api",
         "payment-api",
@@ -352,9 +380,9 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     assert output.strip().splitlines()[-1].startswith("confirmed:"), output
     assert "still trying" in output  # `book` waited out the restart instead of failing
 
-    reservations = [r for r in ledger(urls["hotel-api"])["reservations"] if r["reference"] == reference]
+    reservations = [r for r in ledger(urls["hotel-api"], paths)["reservations"] if r["reference"] == reference]
     assert [r["status"] for r in reservations] == ["confirmed"], reservations
-    charges = [c for c in ledger(urls["payment-api"])["charges"] if c["reference"] == reference]
+    charges = [c for c in ledger(urls["payment-api"], paths)["charges"] if c["reference"] == reference]
     assert [c["status"] for c in charges].count("captured") == 1, charges
 
     status = json.loads(concierge(env, "status", "--json").stdout)
@@ -366,6 +394,17 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     assert queue["recovered_total"] >= 1, queue  # the worker took the orphaned run over
     table = concierge(env, "status").stdout
     assert re.search(r"^booking-agent\s+up\s+\d+\s+1\s", table, re.MULTILINE), table
+
+    # the operator's commands find the running stack's Redis without REDIS_URL (they used to see an empty DLQ)
+    seed_dlq(env, "dead-run-1")
+    bare = {k: v for k, v in env.items() if k not in ("REDIS_URL", "CONCIERGE_KEY_PREFIX")}
+    listed = concierge(bare, "dlq", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [e["thread_id"] for e in json.loads(listed.stdout)] == ["dead-run-1"]
+    audit = concierge(bare, "verify")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "0 disagreement(s)" in audit.stdout
+    assert concierge(bare, "dlq", "purge").returncode == 0
 
     pids = [i["pid"] for i in status["instances"]] + [status["supervisor_pid"]]
     down = concierge(env, "down", timeout=120)

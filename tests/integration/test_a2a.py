@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -29,14 +30,28 @@ from infra.a2a import (
     A2AUnavailableError,
 )
 from infra.a2a.client import A2AClient
-from infra.a2a.server import Skill, mount_a2a
+from infra.a2a.server import Skill, current_caller, mount_a2a
+from infra.auth import mint_service_token
 from infra.http import create_http_client
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry
 from resilience import BudgetExhaustedError, NonRetryableError, budget_scope, remaining_budget
 from tests.conftest import free_port
 
-TOKEN = "a2a-test-token"
+SECRET = "a2a-test-secret-" + "0123456789abcdef" * 2
+AGENT = "test-agent"
+CALLER = "booking-agent"
+
+
+def token(audience: str = AGENT, *, issuer: str = CALLER, secret: str = SECRET, now: float | None = None) -> str:
+    """What a service of this deployment presents to ``audience`` (minted now: tokens live a minute)."""
+    return mint_service_token(secret, issuer=issuer, audience=audience, now=now)
+
+
+def bearer(audience: str = AGENT, **kwargs: Any) -> str:
+    return f"Bearer {token(audience, **kwargs)}"
+
+
 BULKHEAD = "a2a_test_agent"
 
 
@@ -83,6 +98,9 @@ def build_app(probe: Probe, *, native_tracing: bool = True, inline_send: bool = 
             raise
         return {"finished": True}
 
+    async def whoami(data: dict[str, Any]) -> dict[str, Any]:
+        return {"caller": current_caller()}
+
     async def hold(data: dict[str, Any]) -> dict[str, Any]:
         probe.holding += 1
         if probe.holding == 2:
@@ -106,6 +124,7 @@ def build_app(probe: Probe, *, native_tracing: bool = True, inline_send: bool = 
             Skill("crash", "Crash", "Always raises an unexpected error.", crash),
             Skill("slow", "Slow", "Sleeps 5 s.", slow),
             Skill("hold", "Hold", "Waits until the test releases it.", hold),
+            Skill("vip", "VIP", "Names its caller; booking-agent only.", whoami, callers=("booking-agent",)),
         ],
         bulkhead=BULKHEAD,
         inline_send=inline_send,
@@ -134,7 +153,7 @@ async def serve(app: FastAPI) -> AsyncIterator[str]:
 
 @pytest.fixture
 def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    monkeypatch.setenv("CONCIERGE_SERVICE_TOKEN", TOKEN)
+    monkeypatch.setenv("CONCIERGE_SERVICE_SECRET", SECRET)
     get_settings.cache_clear()
     yield monkeypatch
     get_settings.cache_clear()
@@ -156,7 +175,7 @@ async def agent_url(
 
 @pytest.fixture
 async def client(agent_url: str) -> AsyncIterator[A2AClient]:
-    async with A2AClient(agent_url) as c:
+    async with A2AClient(agent_url, audience=AGENT, issuer=CALLER) as c:
         yield c
 
 
@@ -184,7 +203,7 @@ async def test_agent_card_is_public_and_lists_the_skills(agent_url: str, client:
     assert response.status_code == 200
     card = response.json()
     assert card["name"] == "test-agent"
-    assert [s["id"] for s in card["skills"]] == ["echo", "decline", "crash", "slow", "hold"]
+    assert [s["id"] for s in card["skills"]] == ["echo", "decline", "crash", "slow", "hold", "vip"]
     assert card["supportedInterfaces"][0]["url"] == f"http://test-agent.invalid{A2A_PATH}"
     assert "bearer" in card["securitySchemes"]
     assert await client.agent_card() == card
@@ -200,8 +219,8 @@ async def test_call_without_a_token_is_refused_before_the_handler_runs(agent_url
     assert response.json()["error"]["code"] == "unauthorized"
     assert response.headers["www-authenticate"] == "Bearer"
 
-    no_token = create_http_client(agent_url, with_token=False)
-    async with A2AClient(agent_url, http=no_token) as c:
+    no_token = create_http_client(agent_url)
+    async with A2AClient(agent_url, audience=AGENT, http=no_token) as c:
         with pytest.raises(A2AUnauthorizedError) as info:
             await c.call("echo", {})
     await no_token.aclose()
@@ -210,20 +229,56 @@ async def test_call_without_a_token_is_refused_before_the_handler_runs(agent_url
     assert probe.calls == 0
 
 
-@pytest.mark.parametrize("authorization", ["Bearer wrong-token", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"])
+def _alg_none() -> str:
+    now = int(time.time())
+    claims = {"iss": CALLER, "aud": AGENT, "iat": now, "exp": now + 60}
+    return f"Bearer {jwt.encode(claims, None, algorithm='none')}"
+
+
+# Built when the test runs: a token minted at collection could expire before its test.
+REFUSED: dict[str, Callable[[], str]] = {
+    "not-a-jwt": lambda: "Bearer wrong-token",
+    "basic-scheme": lambda: f"Basic {token()}",
+    "no-scheme": token,
+    "tampered": lambda: f"{bearer()}x",
+    "retired-default-token": lambda: "Bearer concierge-dev-token",
+    "the-secret-as-a-static-bearer": lambda: f"Bearer {SECRET}",
+    "minted-for-another-agent": lambda: bearer("payment-agent"),
+    "signed-with-another-secret": lambda: bearer(secret="another-deployment-secret-" + "x" * 32),
+    "expired": lambda: bearer(now=time.time() - 120),
+    "alg-none": _alg_none,
+}
+
+
+@pytest.mark.parametrize("authorization", list(REFUSED))
 async def test_call_with_a_wrong_token_is_refused(agent_url: str, probe: Probe, authorization: str) -> None:
     async with httpx.AsyncClient() as raw:
         response = await raw.post(
-            f"{agent_url}{A2A_PATH}", json=rpc_body(), headers={"Authorization": authorization, "A2A-Version": "1.0"}
+            f"{agent_url}{A2A_PATH}",
+            json=rpc_body(),
+            headers={"Authorization": REFUSED[authorization](), "A2A-Version": "1.0"},
         )
     assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
     assert probe.calls == 0
+
+
+async def test_a_skill_with_named_callers_refuses_any_other_service(agent_url: str) -> None:
+    async with A2AClient(agent_url, audience=AGENT, issuer="booking-agent") as allowed:
+        assert await allowed.call("vip", {}) == {"caller": "booking-agent"}
+    async with A2AClient(agent_url, audience=AGENT, issuer="search-agent") as stranger:
+        with pytest.raises(A2ASkillError) as info:
+            await stranger.call("vip", {})
+        assert info.value.code == "forbidden"
+        assert "search-agent may not call vip" in info.value.message
+        # a skill without a list of callers takes any service of the deployment
+        assert (await stranger.call("echo", {}))["input"] == {}
 
 
 async def test_a_client_holding_another_token_gets_unauthorized(
     env: pytest.MonkeyPatch, agent_url: str, client: A2AClient
 ) -> None:
-    env.setenv("CONCIERGE_SERVICE_TOKEN", "rotated-token")  # the server now expects another token
+    env.setenv("CONCIERGE_SERVICE_SECRET", "rotated-secret-" + "y" * 32)  # the server now expects another secret
     get_settings.cache_clear()
     with pytest.raises(A2AUnauthorizedError):
         await client.call("echo", {})
@@ -265,7 +320,7 @@ async def test_a_crashing_handler_is_a_retryable_internal_error(client: A2AClien
 
 
 async def test_a_peer_that_is_down_is_unavailable(env: pytest.MonkeyPatch) -> None:
-    async with A2AClient(f"http://127.0.0.1:{free_port()}") as c:
+    async with A2AClient(f"http://127.0.0.1:{free_port()}", audience=AGENT, issuer=CALLER) as c:
         with pytest.raises(A2AUnavailableError) as info:
             await c.call("echo", {})
     assert not isinstance(info.value, A2ATimeoutError)
@@ -276,14 +331,14 @@ async def test_malformed_params_get_a_json_rpc_invalid_params_error(agent_url: s
         response = await raw.post(
             f"{agent_url}{A2A_PATH}",
             json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": "nope"}},
-            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"},
+            headers={"Authorization": bearer(), "A2A-Version": "1.0"},
         )
     assert response.status_code == 200
     assert response.json()["error"]["code"] == -32602
 
 
 async def test_a_peer_that_does_not_speak_a2a_is_a_protocol_error(env: pytest.MonkeyPatch) -> None:
-    async with serve(FastAPI()) as url, A2AClient(url) as c:
+    async with serve(FastAPI()) as url, A2AClient(url, audience=AGENT, issuer=CALLER) as c:
         with pytest.raises(A2AProtocolError) as info:
             await c.call("echo", {})
     assert info.value.code == "http_404"
@@ -295,7 +350,7 @@ async def test_a_request_without_a_skill_is_an_invalid_request(agent_url: str) -
     body["params"]["message"]["parts"] = [{"text": "book me a hotel"}]
     async with httpx.AsyncClient() as raw:
         response = await raw.post(
-            f"{agent_url}{A2A_PATH}", json=body, headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"}
+            f"{agent_url}{A2A_PATH}", json=body, headers={"Authorization": bearer(), "A2A-Version": "1.0"}
         )
     task = response.json()["result"]["task"]
     assert task["status"]["state"] == "TASK_STATE_FAILED"
@@ -310,7 +365,7 @@ async def rpc(agent_url: str, method: str, params: dict[str, Any]) -> dict[str, 
         response = await raw.post(
             f"{agent_url}{A2A_PATH}",
             json={"jsonrpc": "2.0", "id": "1", "method": method, "params": params},
-            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"},
+            headers={"Authorization": bearer(), "A2A-Version": "1.0"},
         )
     assert response.status_code == 200, response.text
     return dict(response.json())
@@ -400,10 +455,10 @@ async def test_an_invalid_budget_header_is_a_400(agent_url: str, probe: Probe, v
         response = await raw.post(
             f"{agent_url}{A2A_PATH}",
             json=rpc_body(),
-            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0", "X-Timeout-Budget": value},
+            headers={"Authorization": bearer(), "A2A-Version": "1.0", "X-Timeout-Budget": value},
         )
     assert response.status_code == 400
-    assert response.json()["error"]["code"] == "invalid_budget"
+    assert response.json()["error"]["code"] == "invalid_header"  # the error table's one answer
     assert probe.calls == 0
 
 
@@ -414,7 +469,7 @@ async def test_a_budget_above_the_maximum_is_capped(env: pytest.MonkeyPatch, age
         response = await raw.post(
             f"{agent_url}{A2A_PATH}",
             json=rpc_body(),
-            headers={"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0", "X-Timeout-Budget": "1000"},
+            headers={"Authorization": bearer(), "A2A-Version": "1.0", "X-Timeout-Budget": "1000"},
         )
     artifact = response.json()["result"]["task"]["artifacts"][0]
     assert 4.0 < artifact["parts"][0]["data"]["budget"] <= 5.0
@@ -436,7 +491,10 @@ def spans() -> Iterator[InMemorySpanExporter]:
 async def test_the_handler_continues_the_callers_trace(
     spans: InMemorySpanExporter, env: pytest.MonkeyPatch, bulkhead: None, native_tracing: bool
 ) -> None:
-    async with serve(build_app(Probe(), native_tracing=native_tracing)) as url, A2AClient(url) as client:
+    async with (
+        serve(build_app(Probe(), native_tracing=native_tracing)) as url,
+        A2AClient(url, audience=AGENT, issuer=CALLER) as client,
+    ):
         with trace.get_tracer("test").start_as_current_span("caller") as root:
             result = await client.call("echo", {})
     root_ctx = root.get_span_context()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypedDict
 
 import psycopg
@@ -24,6 +25,7 @@ from langgraph.graph import END, START, StateGraph
 
 from infra.checkpointer import open_checkpointer
 from infra.pooled_saver import PooledPostgresSaver, multi_row
+from infra.settings import get_settings
 
 STARTERS = 4
 ERROR, INTERRUPT = "__error__", "__interrupt__"  # channels WRITES_IDX_MAP gives fixed indexes
@@ -301,3 +303,19 @@ def test_multi_row_repeats_the_values_row_only() -> None:
     )
     with pytest.raises(ValueError, match="one-row INSERT"):
         multi_row("DELETE FROM t WHERE a = %s", 2)
+
+
+async def test_the_sqlite_checkpoints_are_readable_by_their_owner_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONCIERGE_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        async with open_checkpointer("") as saver:
+            await step_graph(saver).ainvoke({"order": "o-1"}, {"configurable": {"thread_id": "perm"}})
+        modes = await asyncio.to_thread(lambda: {f.name: oct(f.stat().st_mode & 0o777) for f in tmp_path.iterdir()})
+        assert "checkpoints.sqlite" in modes, modes
+        assert modes == dict.fromkeys(modes, "0o600")
+    finally:
+        get_settings.cache_clear()

@@ -23,7 +23,7 @@ from infra.bookings import BookingStore
 from infra.checkpointer import open_checkpointer
 from recovery import DeadLetterQueue, QueueGuard, RecoveryQueue
 from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer, RecoveryOutcome
-from resilience import Bulkhead, BulkheadConfig, RetryConfig
+from resilience import Bulkhead, BulkheadConfig, CircuitOpenError, RetryConfig
 from runs import RunStatus, RunStore
 from runs.runner import run_config
 
@@ -43,6 +43,8 @@ class Behaviour:
     """What the nodes do; tests flip these between attempts."""
 
     fail: set[str] = field(default_factory=set)
+    outage: Counter[str] = field(default_factory=Counter)
+    """Node → how many more of its runs meet an open circuit (an outage, not a failure of the run)."""
     gate: dict[str, asyncio.Event] = field(default_factory=dict)
     delay: dict[str, float] = field(default_factory=dict)
     after: dict[str, Callable[[], object]] = field(default_factory=dict)
@@ -69,6 +71,9 @@ def build_saga(behaviour: Behaviour, checkpointer: Any) -> Any:
                     await behaviour.gate[name].wait()
                 if name in behaviour.fail:
                     raise RuntimeError(f"{name} is broken")
+                if behaviour.outage[name] > 0:
+                    behaviour.outage[name] -= 1
+                    raise CircuitOpenError("hotel_api", 30.0)
             finally:
                 behaviour.concurrent -= 1
             if name in behaviour.after:
@@ -255,6 +260,46 @@ async def test_failing_resumes_retry_with_backoff_then_compensate_and_dead_lette
     record = await harness.runs.get("order-5")
     assert record is not None and record.status is RunStatus.DONE, "compensated: the run is over"
     assert (await harness.queue.stats())["dead_lettered_total"] == 1
+
+
+async def test_attempts_that_meet_an_outage_do_not_count_toward_the_dlq(harness: Harness) -> None:
+    harness.behaviour.outage["b"] = 5  # more than max_attempts: an open circuit for a while
+    await harness.orphan("order-outage")
+
+    outcome = await harness.process_next(harness.consumer(outage_backoff=RetryConfig(base_delay=1.0, max_delay=30.0)))
+
+    assert outcome is RecoveryOutcome.RECOVERED
+    assert harness.behaviour.runs["b"] == 6 and harness.behaviour.runs["compensate"] == 0
+    assert len(harness.sleeps) == 5 and all(0 <= s <= 30.0 for s in harness.sleeps), harness.sleeps
+    record = await harness.runs.get("order-outage")
+    assert record is not None and record.status is RunStatus.DONE and record.attempts == 1
+    assert await harness.dlq.get("order-outage") is None
+
+
+async def test_an_outage_past_its_horizon_counts_like_any_failure(harness: Harness) -> None:
+    harness.behaviour.outage["b"] = 5
+    await harness.orphan("order-long-outage")
+
+    outcome = await harness.process_next(harness.consumer(outage_horizon_s=0.0))
+
+    assert outcome is RecoveryOutcome.COMPENSATED
+    assert harness.behaviour.runs["b"] == 3
+    assert (await harness.dlq.get("order-long-outage")) is not None
+
+
+async def test_a_compensation_that_meets_an_outage_is_retried_until_done_not_dead_lettered(harness: Harness) -> None:
+    harness.behaviour.fail.add("b")
+    harness.behaviour.outage["compensate"] = 4  # the refund's provider is down when recovery gives up
+    await harness.orphan("order-refund-later")
+
+    outcome = await harness.process_next(harness.consumer())
+
+    assert outcome is RecoveryOutcome.COMPENSATED
+    assert harness.behaviour.runs["compensate"] == 5
+    state = await harness.state("order-refund-later")
+    assert state.next == () and state.values["status"] == "failed"
+    record = await harness.runs.get("order-refund-later")
+    assert record is not None and record.status is RunStatus.DONE
 
 
 async def test_failed_compensation_stays_dead_lettered_until_an_operator_requeues_it(harness: Harness) -> None:

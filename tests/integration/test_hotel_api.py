@@ -17,16 +17,18 @@ from prometheus_client import REGISTRY
 
 from providers import hotel_api
 from providers.inventory import CITIES, HOTELS, hotels_in
+from tests.conftest import TEST_ADMIN_TOKEN
 from tests.procs import serve_in_process
 
 CHECKIN, CHECKOUT = "2031-03-10", "2031-03-13"  # three nights
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}  # the operator's: /admin needs it (business routes ignore it)
 
 
 @asynccontextmanager
 async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://hotel-api") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://hotel-api", headers=ADMIN) as client:
             yield client
 
 
@@ -393,7 +395,10 @@ async def settles(expected: float, within_s: float = 5.0) -> float:
 
 
 async def test_hang_holds_until_the_client_gives_up_then_the_handler_exits(redis: object) -> None:
-    async with serve_in_process(hotel_api.create_app()) as url, httpx.AsyncClient(base_url=url) as client:
+    async with (
+        serve_in_process(hotel_api.create_app()) as url,
+        httpx.AsyncClient(base_url=url, headers=ADMIN) as client,
+    ):
         await client.put("/admin/faults", json={"hang": True})
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
@@ -405,7 +410,10 @@ async def test_hang_holds_until_the_client_gives_up_then_the_handler_exits(redis
 
 
 async def test_a_hanging_request_is_really_held(redis: object) -> None:
-    async with serve_in_process(hotel_api.create_app()) as url, httpx.AsyncClient(base_url=url) as client:
+    async with (
+        serve_in_process(hotel_api.create_app()) as url,
+        httpx.AsyncClient(base_url=url, headers=ADMIN) as client,
+    ):
         await client.put("/admin/faults", json={"hang": True})
         call = asyncio.create_task(client.get("/hotels/rome-01", timeout=10))
         assert await settles(1) == 1

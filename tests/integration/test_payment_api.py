@@ -11,6 +11,9 @@ import httpx
 import pytest
 
 from providers import hotel_api, payment_api
+from tests.conftest import TEST_ADMIN_TOKEN
+
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}  # the operator's: /admin needs it (business routes ignore it)
 
 
 @pytest.fixture
@@ -18,7 +21,7 @@ async def api(redis: object) -> AsyncIterator[httpx.AsyncClient]:
     app = payment_api.create_app()
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://payment-api") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://payment-api", headers=ADMIN) as client:
             yield client
 
 

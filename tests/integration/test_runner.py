@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from pathlib import Path
 from typing import Any, TypedDict
 
+import pytest
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 from redis.asyncio import Redis
 
+from graph.idempotency import idempotent_node
+from infra.redis import create_redis
+from infra.settings import get_settings
 from runs.leases import RunRecord, RunStatus, RunStore
 from runs.runner import RunOutcome, RunResult, execute_run
+from tests.conftest import free_port, start_redis_server
 
 
 class State(TypedDict, total=False):
@@ -67,3 +76,63 @@ async def test_a_failing_run_releases_its_lease_with_the_error(redis: Redis) -> 
     result, record = await run(redis, "run-failed", graph(fail_at_b=True))
     assert result.outcome is RunOutcome.FAILED
     assert record.owner is None and "b is broken" in (record.last_error or "")
+
+
+# ------------------------------------------------------------------------------------ a Redis outage mid-run
+
+
+async def test_a_redis_outage_mid_run_pauses_the_run_and_it_continues_when_redis_is_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """kill -9 of Redis while a step waits, restart 1 s later on the same AOF: the same run goes on to DONE."""
+    port = free_port()
+    server, url = start_redis_server(port, appendonly=True, workdir=str(tmp_path))
+    monkeypatch.setenv("REDIS_URL", url)
+    monkeypatch.setenv("CONCIERGE_KEY_PREFIX", f"outage-{uuid.uuid4().hex[:8]}")
+    get_settings.cache_clear()
+    client = create_redis(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    gate, entered = asyncio.Event(), asyncio.Event()
+    calls: list[str] = []
+
+    @idempotent_node(client, "hold", key_fields=["order"])
+    async def hold(state: State, config: RunnableConfig) -> dict[str, Any]:
+        calls.append("hold")
+        entered.set()
+        await gate.wait()  # Redis dies here; the step's stored result cannot be written
+        return {"trail": [*state.get("trail", []), "hold"]}
+
+    async def done(state: State) -> dict[str, Any]:
+        return {"trail": [*state["trail"], "done"]}
+
+    builder = StateGraph(State)
+    builder.add_node("hold", hold)
+    builder.add_node("done", done)
+    builder.add_edge(START, "hold")
+    builder.add_edge("hold", "done")
+    builder.add_edge("done", END)
+    compiled = builder.compile(checkpointer=InMemorySaver())
+    try:
+        store = RunStore(client, ttl=5)
+        lease = await store.create("run-outage", "test", {"order": "o-1"}, "me")
+        assert lease is not None
+        running = asyncio.create_task(execute_run(compiled, lease, {"order": "o-1"}, budget_s=30))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        server.kill()
+        server.wait()
+        gate.set()
+        await asyncio.sleep(1.0)
+        assert not running.done(), "the run gave up while Redis was down"
+        server, _ = start_redis_server(port, appendonly=True, workdir=str(tmp_path))
+        result = await asyncio.wait_for(running, timeout=20)
+
+        assert result.outcome is RunOutcome.DONE, result.error
+        assert result.values is not None and result.values["trail"] == ["hold", "done"]
+        record = await store.get("run-outage")
+        assert record is not None and record.status is RunStatus.DONE
+        assert calls == ["hold", "hold"]  # the step whose result was not stored ran again (its effects are keyed)
+    finally:
+        gate.set()
+        await client.aclose()
+        server.kill()
+        server.wait()
+        get_settings.cache_clear()

@@ -25,6 +25,7 @@ from resilience import (
     bulkhead_registry,
     remaining_budget,
     run_within_budget,
+    wait_for_slots,
 )
 
 
@@ -76,8 +77,8 @@ def test_invalid_config_raises_value_error_naming_the_field(kwargs: dict[str, ob
 def test_service_configs() -> None:
     assert {name: (c.max_concurrent, c.timeout, c.acquire_timeout) for name, c in BULKHEAD_CONFIGS.items()} == {
         "booking_agent": (10, 30.0, 2.0),
-        "search_agent": (20, 10.0, 2.0),
-        "payment_agent": (5, 15.0, 2.0),
+        "search_agent": (20, 10.0, math.inf),
+        "payment_agent": (5, 15.0, math.inf),
         "recovery_worker": (3, 120.0, 2.0),
     }
 
@@ -361,6 +362,78 @@ async def test_run_within_budget_lets_outer_cancellation_through() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert task.cancelled()
+
+
+# ------------------------------------------------------------------------------------------------ promised work
+
+
+async def test_inside_wait_for_slots_a_full_bulkhead_is_waited_out_past_acquire_timeout() -> None:
+    bulkhead = Bulkhead("outbound:search_agent", BulkheadConfig(max_concurrent=1, timeout=5.0, acquire_timeout=0.05))
+    gate = asyncio.Event()
+    holder = asyncio.create_task(bulkhead.run(hold, gate))
+    await settle()
+    asyncio.get_running_loop().call_later(0.3, gate.set)  # six acquire_timeouts later
+    with wait_for_slots():
+        waiter = asyncio.create_task(bulkhead.run(asyncio.sleep, 0, "ran"))  # a child task inherits the scope
+    assert await waiter == "ran"
+    assert await holder == "released"
+    assert bulkhead.stats()["rejected"] == 0
+    # outside the block the same bulkhead still refuses fast
+    gate.clear()
+    holder = asyncio.create_task(bulkhead.run(hold, gate))
+    await settle()
+    with pytest.raises(BulkheadFullError):
+        await bulkhead.run(asyncio.sleep, 0)
+    gate.set()
+    await holder
+
+
+async def test_inside_wait_for_slots_the_budget_still_bounds_the_wait() -> None:
+    bulkhead = Bulkhead("outbound:payment_api", BulkheadConfig(max_concurrent=1, timeout=5.0, acquire_timeout=0))
+    gate = asyncio.Event()
+    holder = asyncio.create_task(bulkhead.run(hold, gate))
+    await settle()
+    started = time.monotonic()
+    with wait_for_slots(), budget_scope(0.2), pytest.raises(BudgetExhaustedError, match="waiting for a slot"):
+        await bulkhead.run(asyncio.sleep, 0)
+    assert 0.15 < time.monotonic() - started < 2.0
+    gate.set()
+    await holder
+
+
+async def test_within_budget_config_waits_as_long_as_the_callers_budget() -> None:
+    bulkhead = Bulkhead("search_agent", BULKHEAD_CONFIGS["search_agent"])
+    gate = asyncio.Event()
+    holders = [asyncio.create_task(bulkhead.run(hold, gate)) for _ in range(20)]
+    await settle()
+    with budget_scope(0.1), pytest.raises(BudgetExhaustedError, match="waiting for a slot"):
+        await bulkhead.run(asyncio.sleep, 0)
+    asyncio.get_running_loop().call_later(0.3, gate.set)
+    with budget_scope(5):
+        assert await bulkhead.run(asyncio.sleep, 0, "served") == "served"
+    await asyncio.gather(*holders)
+
+
+async def test_try_hold_keeps_a_slot_until_released_and_never_waits() -> None:
+    bulkhead = Bulkhead("booking_runs", BulkheadConfig(max_concurrent=2, timeout=60.0, acquire_timeout=0))
+    first, second = bulkhead.try_hold(), bulkhead.try_hold()
+    assert first is not None and second is not None
+    assert bulkhead.try_hold() is None
+    assert bulkhead.stats() == {
+        "available": 0,
+        "in_use": 2,
+        "max": 2,
+        "waiting": 0,
+        "rejected": 1,
+        "timed_out": 0,
+    }
+    first.release()
+    first.release()  # idempotent
+    assert bulkhead.in_use == 1
+    bulkhead.reset()  # a slot held across a reset goes back to the limiter it came from
+    second.release()
+    assert bulkhead.in_use == 0
+    assert bulkhead.try_hold() is not None
 
 
 # ------------------------------------------------------------------------------------------------ registry

@@ -23,10 +23,22 @@ from stack.errors import StackNotRunningError, UsageError
 from stack.layout import parse_assignments, plan_instances, select_instances
 from stack.logstream import LogStreamer
 from stack.ops import fault_body
+from stack.redis_server import RedisPlan
 from stack.services import SERVICES, UnknownServiceError
-from stack.state import InstanceState, RedisState, StackPaths, StackState, pid_alive, read_state, write_state
+from stack.state import (
+    InstanceState,
+    RedisState,
+    StackPaths,
+    StackSecrets,
+    StackState,
+    pid_alive,
+    read_secrets,
+    read_state,
+    write_secrets,
+    write_state,
+)
 from stack.status import StackReport, render_report
-from stack.supervisor import RestartPolicy, describe_exit
+from stack.supervisor import RestartPolicy, SupervisorConfig, child_env, describe_exit
 
 SOON = dt.date.today() + dt.timedelta(days=40)
 
@@ -341,3 +353,66 @@ def test_log_streaming_prefixes_lines_and_never_replays_old_ones(tmp_path: Path)
         fh.write("ne\n")
     streamer.pump()
     assert out.getvalue().splitlines() == ["hotel-api     | started", "hotel-api     | half a line"]
+
+
+# ---------------------------------------------------------------------------------------------- secrets
+
+
+def test_state_and_secrets_files_are_readable_by_their_owner_only(tmp_path: Path) -> None:
+    paths = StackPaths.at(tmp_path / "data")
+    old_umask = os.umask(0o022)  # what a shell usually has: new files world-readable
+    try:
+        write_state(paths, _state(supervisor_pid=os.getpid(), pid=123))
+        write_secrets(paths, StackSecrets(service_secret="s" * 64, admin_token="a" * 32))
+    finally:
+        os.umask(old_umask)
+    for path in (paths.state_file, paths.secrets_file):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    assert read_secrets(paths) == StackSecrets(service_secret="s" * 64, admin_token="a" * 32)
+    assert "s" * 64 not in paths.state_file.read_text()  # the snapshot others may be shown holds no secret
+    assert "s" * 64 not in repr(read_secrets(paths))
+
+
+def test_up_takes_the_secrets_from_the_environment_or_makes_new_ones() -> None:
+    generated = StackSecrets.from_env_or_new({})
+    assert len(generated.service_secret) >= 32 and generated.admin_token
+    assert generated != StackSecrets.from_env_or_new({})  # never a value another install shares
+    chosen = StackSecrets.from_env_or_new({"CONCIERGE_SERVICE_SECRET": "x" * 40, "CONCIERGE_ADMIN_TOKEN": "adm"})
+    assert chosen == StackSecrets(service_secret="x" * 40, admin_token="adm")
+
+
+def test_every_child_of_up_gets_the_stack_secrets(tmp_path: Path) -> None:
+    stack_secrets = StackSecrets.generate()
+    config = SupervisorConfig(
+        paths=StackPaths.at(tmp_path),
+        instances=plan_instances(),
+        redis=RedisPlan(url="redis://127.0.0.1:6379/0", own=False),
+        command=("concierge",),
+        base_env={"CONCIERGE_SERVICE_SECRET": "from-the-parent"},
+        secrets=stack_secrets,
+    )
+    env = child_env(config)
+    assert env["CONCIERGE_SERVICE_SECRET"] == stack_secrets.service_secret
+    assert env["CONCIERGE_ADMIN_TOKEN"] == stack_secrets.admin_token
+
+
+def test_serve_without_a_secret_refuses_in_one_line(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CONCIERGE_SERVICE_SECRET", raising=False)
+    get_settings.cache_clear()
+    code, out, err = run(capsys, "serve", "search-agent")
+    assert code == 1
+    line = one_line(err)
+    assert line.startswith("concierge serve search-agent: CONCIERGE_SERVICE_SECRET is not set")
+    assert out == ""
+
+
+def test_up_refuses_an_unusable_secret_from_the_environment_at_once(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CONCIERGE_SERVICE_SECRET", "concierge-dev-token")
+    get_settings.cache_clear()
+    code, _, err = run(capsys, "up")
+    assert code == 1
+    assert "well-known value" in one_line(err)

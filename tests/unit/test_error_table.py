@@ -10,7 +10,10 @@ import re
 from pathlib import Path
 
 import pytest
+from psycopg import OperationalError as PostgresOperationalError
 from pydantic import BaseModel, ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from domain.booking import ErrorCode, InvalidStayError
 from infra.a2a import (
@@ -38,7 +41,9 @@ from resilience import (
     BulkheadFullError,
     BulkheadTimeoutError,
     CircuitOpenError,
+    InvalidBudgetHeaderError,
     NonRetryableError,
+    OverloadedError,
     ResilienceError,
 )
 
@@ -57,6 +62,12 @@ def _validation_error() -> ValidationError:
     raise AssertionError("expected a ValidationError")
 
 
+def _wrapped(exc: BaseException, cause: BaseException) -> BaseException:
+    """``exc`` raised ``from cause``, as a package converts a library error at its boundary."""
+    exc.__cause__ = cause
+    return exc
+
+
 class _Coded(NonRetryableError):
     code = "payment_declined"
 
@@ -69,6 +80,7 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (A2ASkillError("no_availability", "full"), "no_availability", 409, False),
     (InvalidStayError("checkout", "must be after checkin"), "invalid_request", 422, False),
     (_validation_error(), "invalid_request", 422, False),
+    (InvalidBudgetHeaderError("X-Timeout-Budget must be a number", "X-Timeout-Budget"), "invalid_header", 400, False),
     (NoAvailabilityError("full", provider="hotel-api", status_code=409), "no_availability", 409, False),
     (PaymentDeclinedError("declined", provider="payment-api", status_code=402), "payment_declined", 402, False),
     (ProviderConflictError("cancelled", provider="hotel-api", status_code=409), "rejected", 422, False),
@@ -83,6 +95,7 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (BulkheadTimeoutError("search_agent", 2.0), "timeout", 504, True),
     (TimeoutError("slow"), "timeout", 504, True),
     # a dependency or our capacity: worth another try later
+    (OverloadedError("booking_runs", 40, "40 bookings in flight"), "overloaded", 429, True),
     (BulkheadFullError("booking_agent", 10, 0.1), "bulkhead_full", 503, True),
     (CircuitOpenError("hotel_api", 3.0), "provider_unavailable", 503, True),
     (A2AUnavailableError("connection refused"), "provider_unavailable", 503, True),
@@ -92,7 +105,12 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (ProviderUnavailableError("503", provider="hotel-api", status_code=503), "provider_unavailable", 503, True),
     (ProviderError("odd answer", provider="hotel-api"), "provider_unavailable", 503, True),
     (ResilienceError("some layer"), "unavailable", 503, True),
-    # everything else is a bug or an outage of our own: logged, never sent
+    # our own infrastructure: nothing lost, try again shortly
+    (RedisConnectionError("Connection refused"), "dependency_unavailable", 503, True),
+    (RedisTimeoutError("Timeout reading from socket"), "dependency_unavailable", 503, True),
+    (PostgresOperationalError("server closed the connection"), "dependency_unavailable", 503, True),
+    (_wrapped(RuntimeError("store failed"), RedisConnectionError("refused")), "dependency_unavailable", 503, True),
+    # everything else is a bug: logged, never sent
     (RuntimeError("boom"), "internal", 500, True),
     (KeyError("x"), "internal", 500, True),
 ]
@@ -116,6 +134,18 @@ def test_a_subclass_row_is_never_shadowed_by_an_earlier_base() -> None:
             assert not issubclass(cls, earlier), f"{cls.__name__} comes after its base {earlier.__name__}"
 
 
+def test_a_retryable_503_says_when_to_come_back_and_nothing_else_does() -> None:
+    assert answer_for(RedisConnectionError("refused")).retry_after == 1.0
+    assert answer_for(BulkheadFullError("booking_agent", 10, 0.1)).retry_after == 1.0
+    assert answer_for(OverloadedError("booking_runs", 40, "full", retry_after=2.0)).retry_after == 2.0
+    assert answer_for(BudgetExhaustedError("spent")).retry_after is None
+    assert answer_for(RuntimeError("bug")).retry_after is None
+
+
+def test_a_bug_raised_from_another_bug_stays_internal() -> None:
+    assert answer_for(_wrapped(RuntimeError("outer"), KeyError("inner"))).code == "internal"
+
+
 def test_every_code_has_one_http_status() -> None:
     assert {code: code.http_status for code in ErrorCode}  # raises KeyError if a code has none
 
@@ -127,11 +157,14 @@ def test_a_skill_answers_dependency_trouble_as_a_business_error_and_lets_bugs_th
     assert skill_failure_from(bug) is bug
 
 
-# Code that turns an exception into an error code on its own: ``isinstance(exc, X)`` next to a code literal.
+# Code that turns an exception into an error code on its own: ``isinstance(exc, X)`` or ``except X`` next to a
+# code literal.
+_CODE = (
+    r"(\"(timeout|\w+_unavailable|unavailable|circuit_open|bulkhead_\w+|invalid_request|no_availability)\"|ErrorCode\.)"
+)
 _SECOND_MAPPING = re.compile(
-    r"isinstance\(\w+, [^)]*(Error|Exception)[^)]*\)[^\n]*\n[^\n]*(return|raise)[^\n]*"
-    r"(\"(timeout|provider_unavailable|circuit_open|bulkhead_\w+|unavailable|invalid_request|no_availability)\""
-    r"|ErrorCode\.)"
+    r"(isinstance\(\w+, [^)]*(Error|Exception)[^)]*\)|except [\w. |(),]*(Error|Exception)\b[^\n]*)[^\n]*\n"
+    r"[^\n]*(return|raise)[^\n]*" + _CODE
 )
 
 

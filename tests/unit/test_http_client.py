@@ -11,10 +11,23 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from infra.auth import NoServiceIdentityError, use_service_identity, verify_service_token
 from infra.http import create_http_client
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry
 from resilience import BUDGET_HEADER, budget_scope
+
+SECRET = "http-client-test-secret-" + "x" * 32
+
+
+@pytest.fixture
+def booking_agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process plays booking-agent, as the service shell would set it up."""
+    monkeypatch.setenv("CONCIERGE_SERVICE_SECRET", SECRET)
+    get_settings.cache_clear()
+    with use_service_identity("booking-agent"):
+        yield
+    get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -30,7 +43,7 @@ def client_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
 
 
 async def test_a_request_carries_budget_token_and_the_context_of_its_own_client_span(
-    spans: InMemorySpanExporter,
+    spans: InMemorySpanExporter, booking_agent: None
 ) -> None:
     seen: list[httpx.Request] = []
 
@@ -40,7 +53,7 @@ async def test_a_request_carries_budget_token_and_the_context_of_its_own_client_
 
     tracer = trace.get_tracer("test")
     async with create_http_client(
-        "http://payment-agent:8002", with_token=True, transport=httpx.MockTransport(answer)
+        "http://payment-agent:8002", audience="payment-agent", transport=httpx.MockTransport(answer)
     ) as http:
         with tracer.start_as_current_span("node charge") as parent, budget_scope(10):
             response = await http.get("/charges", params={"reference": "b-1"})
@@ -63,7 +76,40 @@ async def test_a_request_carries_budget_token_and_the_context_of_its_own_client_
     # the callee's server span will be a child of this client span, in the caller's trace
     assert request.headers["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
     assert 0 < float(request.headers[BUDGET_HEADER]) < 10
-    assert request.headers["Authorization"] == f"Bearer {get_settings().service_token}"
+    scheme, _, token = request.headers["Authorization"].partition(" ")
+    assert scheme == "Bearer"
+    claims = verify_service_token(token, secret=SECRET, audience="payment-agent")
+    assert (claims.issuer, claims.audience) == ("booking-agent", "payment-agent")
+
+
+async def test_the_service_token_is_minted_once_and_reused_not_signed_per_request(booking_agent: None) -> None:
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["Authorization"])
+        return httpx.Response(200, json={})
+
+    async with create_http_client(
+        "http://payment-agent:8002", audience="payment-agent", transport=httpx.MockTransport(answer)
+    ) as http:
+        for _ in range(3):
+            await http.get("/")
+    assert len(seen) == 3 and len(set(seen)) == 1
+
+
+async def test_providers_get_no_token_and_a_peer_needs_a_service_identity() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={})
+
+    async with create_http_client("http://hotel-api", transport=httpx.MockTransport(answer)) as http:
+        await http.get("/hotels")
+    assert "Authorization" not in seen[0].headers
+    # outside a running service, with no issuer named, there is no one to mint a token for
+    with pytest.raises(NoServiceIdentityError):
+        create_http_client("http://payment-agent:8002", audience="payment-agent")
 
 
 async def test_each_attempt_is_its_own_span_and_failures_mark_it(spans: InMemorySpanExporter) -> None:

@@ -1,0 +1,132 @@
+"""``concierge verify``: every booking against both ledgers; each disagreement printed, exit 1 if there is one.
+
+The promise is: a confirmed booking has one confirmed reservation and one captured charge; a failed (or cancelled)
+one holds no room and keeps no money; and no money is held for a booking that does not exist. Bookings still in
+flight are counted, not judged. Redis and the providers are the running stack's (``stack.target``) unless
+``REDIS_URL``, ``--hotel-api``/``--payment-api`` and ``CONCIERGE_ADMIN_TOKEN`` name others.
+
+    concierge verify [--json] [--hotel-api URL] [--payment-api URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+import httpx
+from redis.asyncio import Redis
+
+from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus
+from infra.bookings import BookingStore
+from infra.redis import key, text
+from stack.console import Subparsers
+from stack.dlq import EXIT_FAILURE, EXIT_OK, CommandError, redis_command
+from stack.target import admin_token, provider_url
+
+__all__ = ["Disagreement", "disagreements", "register_verify"]
+
+_SCAN_BATCH = 500
+_HTTP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    reference: str
+    status: str
+    """The booking's status, or ``unknown`` for a ledger entry that names no booking."""
+    problem: str
+
+
+def disagreements(
+    bookings: Mapping[str, str], reservations: Iterable[Mapping[str, Any]], charges: Iterable[Mapping[str, Any]]
+) -> list[Disagreement]:
+    """What the ledgers say that a booking's status denies; ``bookings`` maps booking id → status."""
+    holds: dict[str, Counter[str]] = {}
+    money: dict[str, Counter[str]] = {}
+    for reservation in reservations:
+        holds.setdefault(str(reservation["reference"]), Counter())[str(reservation["status"])] += 1
+    for charge in charges:
+        money.setdefault(str(charge["reference"]), Counter())[str(charge["status"])] += 1
+    found: list[Disagreement] = []
+    for booking_id, status in sorted(bookings.items()):
+        rooms, paid = holds.get(booking_id, Counter()), money.get(booking_id, Counter())
+        if status == BookingStatus.CONFIRMED:
+            if rooms["confirmed"] != 1:
+                found.append(Disagreement(booking_id, status, f"{rooms['confirmed']} confirmed reservations, not 1"))
+            if rooms["held"]:
+                found.append(Disagreement(booking_id, status, f"{rooms['held']} room(s) still held"))
+            if paid["captured"] != 1:
+                found.append(Disagreement(booking_id, status, f"{paid['captured']} captured charges, not 1"))
+        elif status in FINAL_BOOKING_STATUSES:
+            if rooms["held"] or rooms["confirmed"]:
+                found.append(Disagreement(booking_id, status, f"reservations {dict(rooms)}: a room is kept"))
+            if paid["captured"]:
+                found.append(Disagreement(booking_id, status, f"{paid['captured']} captured charge(s) not refunded"))
+    for reference in sorted((set(holds) | set(money)) - set(bookings)):
+        rooms, paid = holds.get(reference, Counter()), money.get(reference, Counter())
+        if rooms["held"] or rooms["confirmed"] or paid["captured"]:
+            found.append(
+                Disagreement(
+                    reference, "unknown", f"no such booking, yet reservations {dict(rooms)}, charges {dict(paid)}"
+                )
+            )
+    return found
+
+
+def register_verify(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("verify", help="check every booking against the hotel and payment ledgers")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--hotel-api", default=None, metavar="URL", help="hotel-api (default: the running stack's)")
+    parser.add_argument("--payment-api", default=None, metavar="URL", help="payment-api (default: the stack's)")
+    parser.set_defaults(handler=redis_command("verify", _verify))
+
+
+async def _booking_statuses(redis: Redis) -> dict[str, str]:
+    prefix = key("booking", "")
+    ids = [text(raw)[len(prefix) :] async for raw in redis.scan_iter(match=f"{prefix}*", count=_SCAN_BATCH)]
+    store = BookingStore(redis)
+    statuses: dict[str, str] = {}
+    for booking_id in ids:
+        status = await store.status(booking_id)
+        if status is not None:
+            statuses[booking_id] = status
+    return statuses
+
+
+async def _ledger(http: httpx.AsyncClient, service: str, explicit: str | None, entries: str) -> list[dict[str, Any]]:
+    base, _guess = provider_url(service, explicit)
+    token = admin_token(explicit_url=explicit is not None)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = await http.get(f"{base}/admin/ledger", headers=headers)
+    except httpx.HTTPError as exc:
+        raise CommandError(f"{service} at {base} is unreachable: {exc}") from exc
+    if response.status_code in (401, 404):
+        raise CommandError(
+            f"{service} at {base} refused its ledger ({response.status_code}): "
+            "it needs the stack's admin token (CONCIERGE_ADMIN_TOKEN)"
+        )
+    if response.status_code != 200:
+        raise CommandError(f"{service} at {base} answered {response.status_code} for its ledger")
+    return list(response.json()[entries])
+
+
+async def _verify(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:
+    bookings = await _booking_statuses(redis)
+    async with httpx.AsyncClient(timeout=_HTTP_TIMEOUT_S) as http:
+        reservations = await _ledger(http, "hotel-api", args.hotel_api, "reservations")
+        charges = await _ledger(http, "payment-api", args.payment_api, "charges")
+    found = disagreements(bookings, reservations, charges)
+    counts = Counter(status if status in FINAL_BOOKING_STATUSES else "in flight" for status in bookings.values())
+    if args.json:
+        out.write(json.dumps({"bookings": dict(counts), "disagreements": [asdict(d) for d in found]}, indent=2) + "\n")
+    else:
+        for item in found:
+            out.write(f"{item.reference}  {item.status:<10}  {item.problem}\n")
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no bookings"
+        out.write(f"{len(bookings)} bookings ({summary}); {len(found)} disagreement(s) with the ledgers\n")
+    return EXIT_FAILURE if found else EXIT_OK

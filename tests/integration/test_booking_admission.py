@@ -1,0 +1,97 @@
+"""booking-agent's door in process: the in-flight cap against real Redis, with runs that wait on a gate.
+
+Past the cap a new booking is refused (``OverloadedError``: 429 at the HTTP door, a retryable ``bulkhead_full`` over
+A2A) before anything is recorded; a retry of a booking already accepted still gets it; a slot comes back when its
+run ends. ``book_hotel`` goes through ``admit`` as ``POST /bookings`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import pytest
+from fastapi import HTTPException
+from redis.asyncio import Redis
+
+from agents.booking import BookingRequest, BookingService
+from graph.booking import BookingDeps
+from infra.bookings import BookingStore
+from infra.error_table import answer_for
+from recovery.queue import DeadLetterQueue, QueueGuard
+from resilience import Bulkhead, BulkheadConfig, OverloadedError
+from runs.leases import RunStore
+
+CAP = 2
+
+
+class GatedService(BookingService):
+    """The real door; each run just waits for ``gate`` (the graph is not under test here)."""
+
+    gate: asyncio.Event
+
+    async def _run(self, lease: Any, run_input: dict[str, Any]) -> None:
+        await self.gate.wait()
+
+
+@pytest.fixture
+async def service(redis: Redis) -> AsyncIterator[GatedService]:
+    bookings = BookingStore(redis)
+    unused = cast(Any, None)  # the gated runs never call a provider or a peer
+    deps = BookingDeps(redis=redis, bookings=bookings, hotels=unused, search_agent=unused, payment_agent=unused)
+    slots = Bulkhead("booking_runs", BulkheadConfig(max_concurrent=CAP, timeout=60.0, acquire_timeout=0))
+    service = GatedService(deps, None, RunStore(redis), QueueGuard(redis, DeadLetterQueue(redis)), "door-test", slots)
+    service.gate = asyncio.Event()
+    yield service
+    service.gate.set()
+    if service.tasks:
+        await asyncio.wait(set(service.tasks))
+
+
+def request(n: int, city: str = "Lisbon") -> BookingRequest:
+    """A stay of its own per ``n`` (so a different body under the same key is a different request)."""
+    return BookingRequest.model_validate(
+        {
+            "city": city,
+            "checkin": f"2027-0{n + 1}-10",
+            "checkout": f"2027-0{n + 1}-12",
+            "guests": 2,
+            "payment_token": "tok_visa",
+        }
+    )
+
+
+async def test_past_the_cap_a_new_booking_is_refused_before_anything_is_recorded(service: GatedService) -> None:
+    first, created = await service.admit(request(0), "key-0")
+    assert created
+    await service.admit(request(1), None)
+    assert service.slots.in_use == CAP
+    in_flight = await service.bookings.in_flight()
+
+    with pytest.raises(OverloadedError) as refused:
+        await service.admit(request(2), "key-2")
+    assert "BOOKING_MAX_IN_FLIGHT" in refused.value.message and refused.value.retry_after >= 1
+    answer = answer_for(refused.value)  # how A2A's book_hotel reports it
+    assert (answer.code, answer.status, answer.retryable) == ("overloaded", 429, True)
+    assert await service.bookings.in_flight() == in_flight, "no booking recorded"
+    assert await service.bookings.find_client_key("key-2", request(2).digest()) is None, "the key was not bound"
+
+    # a retry of an accepted booking is not new work: it gets its booking, at capacity or not
+    assert await service.admit(request(0), "key-0") == (first, False)
+    with pytest.raises(HTTPException) as reused:
+        await service.admit(request(2), "key-0")
+    assert reused.value.status_code == 422
+    assert service.slots.stats()["rejected"] == 3
+
+    service.gate.set()  # the runs end and give their slots back
+    await asyncio.wait(set(service.tasks))
+    assert service.slots.in_use == 0
+    _, created = await service.admit(request(2), "key-2")
+    assert created
+
+
+async def test_a_retry_under_the_cap_takes_no_slot_for_long(service: GatedService) -> None:
+    first, _ = await service.admit(request(0), "key-0")
+    assert await service.admit(request(0), "key-0") == (first, False)
+    assert service.slots.in_use == 1, "only the run holds a slot; the retry gave its own back at once"

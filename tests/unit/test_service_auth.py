@@ -1,0 +1,245 @@
+"""infra.auth: service tokens (mint, verify, reuse), the deployment secret and the admin token."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import jwt
+import pytest
+
+from infra.auth import (
+    LEEWAY_S,
+    MAX_TOKEN_LIFETIME_S,
+    REMINT_BEFORE_S,
+    TOKEN_TTL_S,
+    InvalidServiceTokenError,
+    MissingSecretError,
+    NoServiceIdentityError,
+    ServiceTokens,
+    TokenVerifier,
+    admin_token,
+    admin_token_ok,
+    bearer_credentials,
+    mint_service_token,
+    service_secret,
+    service_tokens,
+    use_service_identity,
+    verify_service_token,
+)
+from infra.settings import Settings, get_settings
+
+SECRET = "unit-test-secret-" + "0123456789abcdef" * 2
+NOW = 1_900_000_000.0
+
+
+def mint(*, secret: str = SECRET, **overrides: Any) -> str:
+    fields: dict[str, Any] = {"issuer": "booking-agent", "audience": "payment-agent", "now": NOW}
+    fields.update(overrides)
+    return mint_service_token(secret, **fields)
+
+
+def verify(token: str, *, audience: str = "payment-agent", secret: str = SECRET, now: float = NOW) -> Any:
+    return verify_service_token(token, secret=secret, audience=audience, now=now)
+
+
+class Clock:
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def secret_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    monkeypatch.setenv("CONCIERGE_SERVICE_SECRET", SECRET)
+    get_settings.cache_clear()
+    yield monkeypatch
+    get_settings.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------- mint and verify
+
+
+def test_a_token_names_caller_and_callee_and_lives_a_minute() -> None:
+    token = mint()
+    claims = verify(token)
+    assert (claims.issuer, claims.audience) == ("booking-agent", "payment-agent")
+    assert claims.issued_at == int(NOW) and claims.expires_at == int(NOW) + TOKEN_TTL_S
+    header = jwt.get_unverified_header(token)
+    assert header["alg"] == "HS256"
+    assert set(jwt.decode(token, options={"verify_signature": False})) == {"iss", "aud", "iat", "exp"}
+
+
+def test_an_expired_token_is_refused_after_the_leeway() -> None:
+    token = mint()
+    assert verify(token, now=NOW + TOKEN_TTL_S + LEEWAY_S)  # clock skew between two hosts is tolerated
+    with pytest.raises(InvalidServiceTokenError, match="expired"):
+        verify(token, now=NOW + TOKEN_TTL_S + LEEWAY_S + 1)
+
+
+def test_a_token_from_the_future_is_refused() -> None:
+    with pytest.raises(InvalidServiceTokenError):
+        verify(mint(now=NOW + 3600))
+
+
+def test_a_token_for_another_service_is_refused() -> None:
+    with pytest.raises(InvalidServiceTokenError, match="not for search-agent"):
+        verify(mint(), audience="search-agent")
+
+
+def test_a_token_for_several_services_is_refused() -> None:
+    claims = {"iss": "booking-agent", "aud": ["search-agent", "payment-agent"], "iat": int(NOW), "exp": int(NOW) + 60}
+    with pytest.raises(InvalidServiceTokenError):
+        verify(jwt.encode(claims, SECRET, algorithm="HS256"))
+
+
+def test_a_token_signed_with_another_secret_is_refused() -> None:
+    with pytest.raises(InvalidServiceTokenError, match="signature"):
+        verify(mint(secret="another-deployment-secret-" + "x" * 32))
+
+
+@pytest.mark.parametrize("algorithm", ["none", "HS512"])
+def test_only_hs256_is_accepted(algorithm: str) -> None:
+    claims = {"iss": "booking-agent", "aud": "payment-agent", "iat": int(NOW), "exp": int(NOW) + 60}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jwt.InsecureKeyLengthWarning)  # HS512 wants 64 bytes; beside the point
+        token = jwt.encode(claims, None if algorithm == "none" else SECRET, algorithm=algorithm)
+    with pytest.raises(InvalidServiceTokenError, match="InvalidAlgorithmError"):  # our secret, the wrong algorithm
+        verify(token)
+
+
+@pytest.mark.parametrize("missing", ["iss", "aud", "iat", "exp"])
+def test_every_claim_is_required(missing: str) -> None:
+    claims = {"iss": "booking-agent", "aud": "payment-agent", "iat": int(NOW), "exp": int(NOW) + 60}
+    del claims[missing]
+    with pytest.raises(InvalidServiceTokenError):
+        verify(jwt.encode(claims, SECRET, algorithm="HS256"))
+
+
+def test_a_long_lived_token_is_refused_even_when_signed() -> None:
+    with pytest.raises(InvalidServiceTokenError, match="lives"):
+        verify(mint(ttl_s=MAX_TOKEN_LIFETIME_S + 1))
+
+
+@pytest.mark.parametrize("garbage", ["", "concierge-dev-token", SECRET, "a.b.c", "Bearer x"])
+def test_what_is_not_a_token_is_refused(garbage: str) -> None:
+    with pytest.raises(InvalidServiceTokenError):
+        verify(garbage)
+
+
+def test_bearer_credentials() -> None:
+    assert bearer_credentials("Bearer abc") == "abc"
+    assert bearer_credentials("bearer  abc ") == "abc"
+    assert bearer_credentials("Basic abc") is None
+    assert bearer_credentials("abc") is None
+    assert bearer_credentials("Bearer ") is None
+    assert bearer_credentials(None) is None
+
+
+# ---------------------------------------------------------------------------------------------- reuse
+
+
+def test_a_caller_mints_once_per_audience_and_renews_before_expiry() -> None:
+    clock = Clock()
+    tokens = ServiceTokens("booking-agent", SECRET, clock=clock)
+    first = tokens.token("payment-agent")
+    assert tokens.token("payment-agent") == first  # reused: no signing per request
+    assert tokens.token("search-agent") != first
+    clock.now += TOKEN_TTL_S - REMINT_BEFORE_S - 1
+    assert tokens.token("payment-agent") == first
+    clock.now += 2
+    renewed = tokens.token("payment-agent")
+    assert renewed != first
+    assert verify(renewed, now=clock.now).expires_at == int(clock.now) + TOKEN_TTL_S
+
+
+def test_the_verifier_remembers_tokens_until_they_expire() -> None:
+    clock = Clock()
+    verifier = TokenVerifier("payment-agent", clock=clock)
+    header = f"Bearer {mint()}"
+    assert verifier.verify(header, SECRET).issuer == "booking-agent"
+    assert verifier.verify(header, SECRET).issuer == "booking-agent"  # from memory
+    with pytest.raises(InvalidServiceTokenError):
+        verifier.verify(header, "another-deployment-secret-" + "x" * 32)  # remembered per secret
+    clock.now += TOKEN_TTL_S + LEEWAY_S + 1
+    with pytest.raises(InvalidServiceTokenError, match="expired"):
+        verifier.verify(header, SECRET)
+    with pytest.raises(InvalidServiceTokenError, match="no bearer token"):
+        verifier.verify(None, SECRET)
+
+
+def test_the_verifier_stays_bounded() -> None:
+    clock = Clock()
+    verifier = TokenVerifier("payment-agent", capacity=4, clock=clock)
+    for issuer in range(10):
+        verifier.verify(f"Bearer {mint(issuer=f'service-{issuer}')}", SECRET)
+    assert len(verifier._verified) <= 4
+
+
+# ---------------------------------------------------------------------------------------------- the secret
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (None, "is not set"),
+        ("", "is not set"),
+        ("   ", "is not set"),
+        ("concierge-dev-token", "well-known"),
+        ("short-secret", "too short"),
+    ],
+)
+def test_no_usable_secret_is_one_line_saying_what_to_do(value: str | None, reason: str) -> None:
+    settings = Settings(CONCIERGE_SERVICE_SECRET=value)  # type: ignore[call-arg]
+    with pytest.raises(MissingSecretError, match=reason) as info:
+        service_secret(settings)
+    assert "\n" not in str(info.value)
+    assert "CONCIERGE_SERVICE_SECRET" in str(info.value)
+
+
+def test_a_long_random_secret_is_used_and_never_shown() -> None:
+    settings = Settings(CONCIERGE_SERVICE_SECRET=SECRET)  # type: ignore[call-arg]
+    assert service_secret(settings) == SECRET
+    assert SECRET not in repr(settings)
+
+
+def test_the_identity_is_the_running_services_and_put_back_after(secret_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(NoServiceIdentityError):
+        service_tokens()
+    with use_service_identity("recovery-worker"):
+        token = service_tokens().token("payment-agent")
+        assert verify_service_token(token, secret=SECRET, audience="payment-agent").issuer == "recovery-worker"
+        # a tool may still speak for someone else, with the same secret
+        assert service_tokens("search-agent").issuer == "search-agent"
+    with pytest.raises(NoServiceIdentityError):
+        service_tokens()
+
+
+def test_no_identity_without_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONCIERGE_SERVICE_SECRET", raising=False)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(MissingSecretError):
+            use_service_identity("booking-agent")
+    finally:
+        get_settings.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------- admin token
+
+
+def test_the_admin_token_is_optional_and_empty_means_unset() -> None:
+    assert admin_token(Settings()) is None  # type: ignore[call-arg]
+    assert admin_token(Settings(CONCIERGE_ADMIN_TOKEN="")) is None  # type: ignore[call-arg]
+    assert admin_token(Settings(CONCIERGE_ADMIN_TOKEN="s3cret")) == "s3cret"  # type: ignore[call-arg]
+
+
+def test_admin_token_ok() -> None:
+    assert admin_token_ok("Bearer s3cret", "s3cret")
+    assert not admin_token_ok("Bearer s3cre", "s3cret")
+    assert not admin_token_ok("Basic s3cret", "s3cret")
+    assert not admin_token_ok("s3cret", "s3cret")
+    assert not admin_token_ok(None, "s3cret")
