@@ -29,12 +29,30 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
-from domain.booking import MAX_GUESTS, MIN_GUESTS, check_checkin, check_nights, parse_iso_date
+from domain.booking import (
+    MAX_GUESTS,
+    MIN_GUESTS,
+    BookingStatus,
+    ErrorCode,
+    check_checkin,
+    check_nights,
+    parse_iso_date,
+)
 from graph.booking import BookingDeps, booking_input, build_booking_graph, open_booking_deps
 from infra.a2a.server import Skill, mount_a2a
+from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.service import create_service_app
+from infra.service.openapi import (
+    RETRY_AFTER,
+    answers,
+    detail,
+    document_service_token,
+    error,
+    headers_only,
+    validation_error,
+)
 from infra.settings import Settings, get_settings
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import (
@@ -74,15 +92,25 @@ def max_in_flight(settings: Settings) -> int:
 IsoDate = Annotated[date, BeforeValidator(parse_iso_date)]
 
 
+def _whole_number(value: object) -> object:
+    """``2.0`` is the integer 2, as in the JSON Schema this API publishes (``integer``); ``2.5``, ``"2"`` and
+    ``true`` are still refused by the strict ``int`` after it."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+
+
 class BookingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
-    city: str = Field(min_length=1, max_length=80)
+    # ``json_schema_extra``: documentation only, what str_strip_whitespace + min_length already refuse (blank)
+    city: str = Field(min_length=1, max_length=80, json_schema_extra={"pattern": r"\S"})
     checkin: IsoDate
     checkout: IsoDate
-    guests: int = Field(ge=MIN_GUESTS, le=MAX_GUESTS, strict=True)
+    guests: WholeNumber = Field(ge=MIN_GUESTS, le=MAX_GUESTS, strict=True)
     payment_token: str = Field(min_length=5, max_length=128, pattern=r"^tok_[A-Za-z0-9_]+$")
-    hotel_id: str | None = Field(None, min_length=1, max_length=64)
+    hotel_id: str | None = Field(None, min_length=1, max_length=64, json_schema_extra={"pattern": r"\S"})
     max_price_per_night: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @field_validator("checkin")
@@ -108,6 +136,32 @@ class BookingRequest(BaseModel):
 class Accepted(BaseModel):
     booking_id: str
     status: str
+
+
+class BookingError(BaseModel):
+    code: str
+    message: str | None = None
+
+
+class BookingView(BaseModel):
+    """``GET /bookings/{id}`` (documentation only: the route answers the stored record's public view)."""
+
+    booking_id: str
+    status: BookingStatus
+    city: str | None
+    checkin: str | None
+    checkout: str | None
+    guests: int | None
+    hotel_id: str | None
+    hotel_name: str | None
+    total_price: float | None
+    currency: str | None
+    reservation_id: str | None
+    payment_id: str | None
+    error: BookingError | None
+    """Why a ``failed`` booking failed (an ``ErrorCode``)."""
+    created_at: str | None
+    updated_at: str | None
 
 
 class BookingService:
@@ -181,7 +235,8 @@ class BookingService:
             booking_id, same_body = await self.bookings.claim_client_key(client_key, request.digest(), booking_id)
             if not same_body:
                 raise _key_reused()
-        run_input = dict(booking_input(booking_id, payload))
+        run_input = dict(booking_input(booking_id, payload))  # without the payment token: that waits apart
+        await self.deps.payment_tokens.put(booking_id, request.payment_token)
         lease = await self.runs.create(booking_id, GRAPH, run_input, self.instance)
         created = await self.bookings.create(booking_id, payload)
         if lease is not None:
@@ -272,7 +327,40 @@ def _service() -> BookingService:
     return service
 
 
-@app.post("/bookings", status_code=202, response_model=Accepted)
+_SHUTTING_DOWN = detail(
+    503,
+    description="booking-agent is shutting down and takes no new booking: send it again (to a replica, or once "
+    "restarted) after `Retry-After`.",
+    headers={"Retry-After": RETRY_AFTER},
+)
+
+
+@app.post(
+    "/bookings",
+    status_code=202,
+    response_model=Accepted,
+    responses=answers(
+        headers_only(
+            202,
+            {"Location": {"description": "`/bookings/{booking_id}`", "required": True, "schema": {"type": "string"}}},
+            "Accepted and durable (or, for a retry with the same `Idempotency-Key`, the booking it created); the "
+            "outcome follows at `Location`.",
+        ),
+        validation_error(
+            "The body breaks a rule (a field, a stay rule), or the `Idempotency-Key` was already used with a "
+            "different body (`type`: `idempotency_key_reuse`)."
+        ),
+        error(
+            429,
+            ErrorCode.OVERLOADED,
+            description="`BOOKING_MAX_IN_FLIGHT` bookings are in flight; nothing was recorded: send the same request "
+            "again after `Retry-After`.",
+            headers={"Retry-After": RETRY_AFTER},
+        ),
+        _SHUTTING_DOWN,
+        error(504, ErrorCode.TIMEOUT, description="The request's budget ran out before the booking was recorded."),
+    ),
+)
 async def create_booking(
     body: BookingRequest,
     response: Response,
@@ -288,7 +376,16 @@ async def create_booking(
     return Accepted(booking_id=booking_id, status=booking["status"] if booking else "pending")
 
 
-@app.get("/bookings/{booking_id}")
+@app.get(
+    "/bookings/{booking_id}",
+    responses={
+        200: {
+            "model": BookingView,
+            "description": "The booking as it stands (with `wait`: once final, or when the wait is over).",
+        },
+        **answers(detail(404, description="No booking with this id.")),
+    },
+)
 async def get_booking(
     booking_id: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")],
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0,
@@ -325,3 +422,4 @@ mount_a2a(
     ],
     bulkhead="booking_agent",
 )
+document_service_token(app, A2A_PATH)

@@ -21,14 +21,16 @@ from typing import Any
 from fastapi import FastAPI
 
 from domain.booking import BookingStatus, ErrorCode
-from graph.payment import build_payment_graph, payment_thread_id
+from graph.payment import build_payment_graph, payment_thread_id, payment_token_scope
 from infra.a2a import SkillFailure
 from infra.a2a.server import Skill, mount_a2a
+from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.clients.providers import PaymentApiClient
 from infra.error_table import skill_failure_from
 from infra.service import create_service_app
+from infra.service.openapi import document_service_token
 from infra.settings import get_settings
 
 SERVICE = "payment-agent"
@@ -81,13 +83,14 @@ async def charge_payment(data: dict[str, Any]) -> dict[str, Any]:
     amount = _require(data, "amount", (int, float))
     if not math.isfinite(amount) or amount <= 0:
         raise SkillFailure(ErrorCode.INVALID_REQUEST, "amount: must be a positive, finite number")
+    token = _require(data, "payment_token", str)
     state = {
         "amount": float(amount),
         "currency": _require(data, "currency", str),
-        "payment_token": _require(data, "payment_token", str),
         "reference": _require(data, "reference", str),
     }
-    result = await _run("charge", state)
+    with payment_token_scope(token):  # to the charge, not into the checkpointed state
+        result = await _run("charge", state)
     return {
         "payment_id": result["payment_id"],
         "status": result["status"],
@@ -143,3 +146,4 @@ mount_a2a(
     ],
     bulkhead="payment_agent",
 )
+document_service_token(app, A2A_PATH)

@@ -52,6 +52,7 @@ from infra.bookings import BookingStore
 from infra.clients.errors import NoAvailabilityError
 from infra.clients.providers import HotelApiClient
 from infra.error_table import answer_for
+from infra.payment_tokens import PaymentTokens
 from infra.settings import get_settings
 from resilience import policy_for
 from resilience.budget import detached_budget
@@ -68,7 +69,6 @@ class BookingState(TypedDict, total=False):
     checkin: str
     checkout: str
     guests: int
-    payment_token: str
     hotel_id: str | None
     max_price_per_night: float | None
     candidates: list[dict[str, Any]]
@@ -94,6 +94,7 @@ class BookingDeps:
 
     redis: Redis
     bookings: BookingStore
+    payment_tokens: PaymentTokens
     hotels: HotelApiClient
     search_agent: Peer
     payment_agent: Peer
@@ -110,6 +111,7 @@ async def open_booking_deps(redis: Redis) -> AsyncIterator[BookingDeps]:
     deps = BookingDeps(
         redis=redis,
         bookings=BookingStore(redis),
+        payment_tokens=PaymentTokens(redis),
         hotels=hotels,
         search_agent=search_agent,
         payment_agent=payment_agent,
@@ -208,10 +210,16 @@ async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingD
 
 async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
     progress(deps, state, BookingStatus.PAYING)
+    token = await deps.payment_tokens.get(state["booking_id"])
+    if token is None:  # kept for days (TOKEN_TTL_S): only a booking resumed after that finds it gone
+        return {
+            **failure(ErrorCode.INVALID_REQUEST, "payment_token: no longer held for this booking"),
+            "charge_attempted": False,
+        }
     request = {
         "amount": state["total_price"],
         "currency": state["currency"],
-        "payment_token": state["payment_token"],
+        "payment_token": token,
         "reference": state["booking_id"],
     }
     try:
@@ -225,6 +233,7 @@ async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDe
 
 async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
     progress(deps, state, BookingStatus.CONFIRMING)
+    await deps.payment_tokens.drop(state["booking_id"])  # charged: the token is not needed any more
     try:
         await policy_for("hotel_api").call(
             deps.hotels.confirm, str(state["reservation_id"]), idempotency_key=idempotency_key()
@@ -237,6 +246,7 @@ async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingD
 async def compensate(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
     # no side effect: says the booking is being undone, then release_hold and refund run side by side
     progress(deps, state, BookingStatus.COMPENSATING)
+    await deps.payment_tokens.drop(state["booking_id"])  # no charge will be made any more
     return {}
 
 
@@ -333,7 +343,6 @@ def booking_input(booking_id: str, request: dict[str, Any]) -> BookingState:
         checkin=request["checkin"],
         checkout=request["checkout"],
         guests=int(request["guests"]),
-        payment_token=request["payment_token"],
         hotel_id=request.get("hotel_id"),
         max_price_per_night=request.get("max_price_per_night"),
     )

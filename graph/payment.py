@@ -11,10 +11,16 @@ from the booking reference (``<reference>:charge``, ``<reference>:refund``). Run
 
 A refund without a ``payment_id`` refunds every captured charge of the reference: that is how a booking whose charge
 timed out (outcome unknown) makes sure no money stays captured.
+
+The card token is not part of the state (the state is checkpointed and kept): the caller hands it to the charge in
+``payment_token_scope(token)``, around the graph call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal, TypedDict
 
 from langchain_core.runnables import RunnableConfig
@@ -35,11 +41,30 @@ class PaymentState(TypedDict, total=False):
     reference: str
     amount: float
     currency: str
-    payment_token: str
     payment_id: str | None
     status: str
     refunded: list[str]
     error: dict[str, str] | None
+
+
+_payment_token: ContextVar[str | None] = ContextVar("concierge_payment_token", default=None)
+
+
+@contextmanager
+def payment_token_scope(token: str) -> Iterator[None]:
+    """The card token for a charge run inside this block (LangGraph's node tasks inherit the context)."""
+    reset = _payment_token.set(token)
+    try:
+        yield
+    finally:
+        _payment_token.reset(reset)
+
+
+def _token() -> str:
+    token = _payment_token.get()
+    if token is None:
+        raise RuntimeError("a charge needs its card token: run the graph inside payment_token_scope(token)")
+    return token
 
 
 def payment_thread_id(reference: str, operation: str) -> str:
@@ -54,14 +79,14 @@ def build_payment_graph(
     policy = policy_for("payment_api")
 
     @traced_node("charge")
-    @idempotent_node(redis, "charge", key_fields=["reference", "amount", "currency", "payment_token"])
+    @idempotent_node(redis, "charge", key_fields=["reference", "amount", "currency"])
     async def charge(state: PaymentState, config: RunnableConfig) -> dict[str, Any]:
         try:
             result = await policy.call(
                 payments.charge,
                 amount=state["amount"],
                 currency=state["currency"],
-                payment_token=state["payment_token"],
+                payment_token=_token(),
                 reference=state["reference"],
                 idempotency_key=idempotency_key(),
             )

@@ -23,6 +23,7 @@ import pytest
 import redis as redis_sync
 
 from graph.booking import booking_input
+from infra.payment_tokens import PaymentTokens
 from infra.redis import create_redis, key
 from infra.settings import get_settings
 from runs.leases import RECOVERY_TAG, RunStore, run_key
@@ -206,6 +207,7 @@ def test_booking_agent_dead_between_run_record_and_booking_record(
     async def accept_then_die() -> None:
         client = create_redis()
         try:
+            await PaymentTokens(client).put(booking_id, request["payment_token"])  # accept's first write
             lease = await RunStore(client).create(
                 booking_id, "booking", dict(booking_input(booking_id, request)), "booking-agent-crashed"
             )

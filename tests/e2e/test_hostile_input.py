@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 import uuid
 
+import psycopg
 import pytest
+from redis import Redis
 
+from runs.leases import run_key
 from tests.stack import Stack, stay
 
 JSON = {"Content-Type": "application/json"}
@@ -92,3 +95,26 @@ def test_an_oversized_value_is_not_echoed_back_whole(stack: Stack) -> None:
     assert response.status_code == 422
     assert "Idempotency-Key" in _fields(response.json())
     assert len(response.content) < 1_000, f"{len(response.content)} bytes answered to a 10 KB header"
+
+
+def test_the_payment_token_is_kept_in_no_record_and_no_checkpoint(stack: Stack) -> None:
+    token = f"tok_ok_{uuid.uuid4().hex[:12]}"  # captured by payment-api, and unique to this booking
+    booking = stack.wait(stack.book(payment_token=token)["booking_id"])
+    assert booking["status"] == "confirmed", booking
+    charged = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == booking["booking_id"]]
+    assert [c["status"] for c in charged] == ["captured"], "the token did reach the charge"
+
+    redis = Redis.from_url(stack.env["REDIS_URL"])
+    try:
+        record = redis.hgetall(run_key(booking["booking_id"], prefix=stack.prefix))
+        assert record, "the run record is there"
+        assert token.encode() not in b"".join(k + v for k, v in record.items())
+        leftovers = [k for k in redis.scan_iter(match=f"{stack.prefix}:*") if token.encode() in (redis.dump(k) or b"")]
+        assert leftovers == [], f"the token is still kept under {leftovers}"
+    finally:
+        redis.close()
+    with psycopg.connect(stack.env["DATABASE_URL"]) as conn:
+        for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+            rows = conn.execute(f"SELECT * FROM {table}").fetchall()  # every service's checkpoints
+            assert rows, table
+            assert token not in repr(rows), f"{table} holds the payment token"

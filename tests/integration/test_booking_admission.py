@@ -19,6 +19,7 @@ from agents.booking import BookingRequest, BookingService
 from graph.booking import BookingDeps
 from infra.bookings import BookingStore
 from infra.error_table import answer_for
+from infra.payment_tokens import PaymentTokens
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import Bulkhead, BulkheadConfig, OverloadedError
 from runs.leases import RunStore
@@ -39,7 +40,14 @@ class GatedService(BookingService):
 async def service(redis: Redis) -> AsyncIterator[GatedService]:
     bookings = BookingStore(redis)
     unused = cast(Any, None)  # the gated runs never call a provider or a peer
-    deps = BookingDeps(redis=redis, bookings=bookings, hotels=unused, search_agent=unused, payment_agent=unused)
+    deps = BookingDeps(
+        redis=redis,
+        bookings=bookings,
+        payment_tokens=PaymentTokens(redis),
+        hotels=unused,
+        search_agent=unused,
+        payment_agent=unused,
+    )
     slots = Bulkhead("booking_runs", BulkheadConfig(max_concurrent=CAP, timeout=60.0, acquire_timeout=0))
     service = GatedService(deps, None, RunStore(redis), QueueGuard(redis, DeadLetterQueue(redis)), "door-test", slots)
     service.gate = asyncio.Event()

@@ -23,6 +23,7 @@ from graph.booking import BookingDeps, booking_input, build_booking_graph
 from infra.a2a import A2ASkillError
 from infra.bookings import BookingStore
 from infra.clients.providers import HotelApiClient
+from infra.payment_tokens import PaymentTokens
 from resilience import BudgetExhaustedError, budget_scope, bulkhead_registry, circuit_registry, set_testing
 
 CHECKIN, CHECKOUT = "2031-03-10", "2031-03-12"
@@ -115,11 +116,15 @@ async def book(
     redis: Redis, hotels: HotelApiClient, search: SearchAgent, payment: PaymentAgent, *, budget_s: float = 10.0
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run one booking through the saga; its final graph state and its booking record."""
-    store = BookingStore(redis)
-    deps = BookingDeps(redis=redis, bookings=store, hotels=hotels, search_agent=search, payment_agent=payment)
-    graph = build_booking_graph(deps, InMemorySaver())
+    store, tokens = BookingStore(redis), PaymentTokens(redis)
+    deps = BookingDeps(
+        redis=redis, bookings=store, payment_tokens=tokens, hotels=hotels, search_agent=search, payment_agent=payment
+    )
+    saver = InMemorySaver()
+    graph = build_booking_graph(deps, saver)
     booking_id = uuid.uuid4().hex
     request = {"city": "Lisbon", "checkin": CHECKIN, "checkout": CHECKOUT, "guests": 2, "payment_token": "tok_visa"}
+    await tokens.put(booking_id, request["payment_token"])  # what booking-agent does when it accepts
     await store.create(booking_id, request)
     with budget_scope(budget_s):
         state = await graph.ainvoke(
@@ -127,6 +132,10 @@ async def book(
         )
     record = await store.get(booking_id)
     assert record is not None
+    # the card token reached the charge, and nothing kept it: no checkpoint, no state, no token left waiting
+    assert await tokens.get(booking_id) is None
+    assert "tok_visa" not in repr([c async for c in saver.alist({"configurable": {"thread_id": booking_id}})])
+    assert "tok_visa" not in repr(state) and "tok_visa" not in repr(record)
     return state, record
 
 
@@ -139,7 +148,7 @@ async def test_a_full_hotel_moves_the_booking_to_the_next_candidate(redis: Redis
     assert record["status"] == "confirmed" and record["hotel_id"] == "h2"
     assert state["reservation_id"] == "res-h2"
     assert api.requests == [("reserve", "h1"), ("reserve", "h2"), ("confirm", "res-h2")]
-    assert [c["reference"] for c in payment.charges] == [record["booking_id"]]
+    assert [(c["reference"], c["payment_token"]) for c in payment.charges] == [(record["booking_id"], "tok_visa")]
     assert payment.refunds == []
 
 
