@@ -18,8 +18,11 @@ from typing import Any
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from infra.settings import get_settings
 
@@ -82,6 +85,12 @@ def create_redis(url: str | None = None, **kwargs: object) -> Redis:
     # connection: fail (and let the caller's retry/lease logic act) instead of waiting forever.
     options: dict[str, object] = {
         "decode_responses": True,
+        # After Redis restarts, every pooled connection is dead and finds out on its next command: send that command
+        # again on a fresh connection rather than answer a 503 for each stale one. (A command that reached the server
+        # before its connection died runs twice; ours are scripts and writes that say so: a second ``create`` of a
+        # run finds it exists.)
+        "retry": Retry(ExponentialBackoff(cap=0.25, base=0.02), 2),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
         "health_check_interval": 10,
         "socket_timeout": 5.0,
         "socket_connect_timeout": 5.0,

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.conftest import free_port, start_redis_server
@@ -155,6 +156,12 @@ def test_a_redis_outage_with_payments_in_flight_ends_every_accepted_booking_trul
     assert planted.status_code == 201, planted.text
     audit = verify(stack, own_redis)
     assert audit.returncode == 1 and ghost in audit.stdout, audit.stdout + audit.stderr
+    payment_id = planted.json()["payment_id"]
+    refunded = stack.http.post(
+        f"{stack.url('payment-api')}/charges/{payment_id}/refund", headers={"Idempotency-Key": f"{ghost}:refund"}
+    )
+    assert refunded.status_code == 200, refunded.text  # the money goes back: the audit is clean again
+    assert verify(stack, own_redis).returncode == 0
 
 
 def verify(stack: Stack, own_redis: OwnRedis) -> subprocess.CompletedProcess[str]:
@@ -170,3 +177,30 @@ def verify(stack: Stack, own_redis: OwnRedis) -> subprocess.CompletedProcess[str
     return subprocess.run(
         [*concierge_command(), *args], env=env, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def test_postgres_connections_dropped_under_load_cost_time_not_bookings(stack: Stack, own_redis: OwnRedis) -> None:
+    """``pg_terminate_backend`` on every checkpointer connection, twice, while 20 bookings run (it once left one
+    ``pending`` in the DLQ and failed two)."""
+    checkin, checkout = stay(days_ahead=120)
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        accepted = list(pool.map(lambda _: stack.book(checkin=checkin, checkout=checkout)["booking_id"], range(20)))
+        terminated = 0
+        for _ in range(2):
+            time.sleep(0.3)
+            with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
+                terminated += len(
+                    conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    ).fetchall()
+                )
+    assert terminated >= 2, "the services held no connection to terminate"
+    finals = [stack.wait(b, timeout=FINAL_WITHIN_S) for b in accepted]
+    statuses = Counter(b["status"] for b in finals)
+    print(f"\n20 accepted, {terminated} connections terminated: {dict(statuses)}")
+    assert statuses == Counter(confirmed=20), statuses
+    audit = verify(stack, own_redis)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    queue = stack.http.get(f"{stack.url('recovery-worker')}/health/queue").json()
+    assert queue["dlq_depth"] == 0, queue
