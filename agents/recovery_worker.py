@@ -34,6 +34,7 @@ from langgraph.graph.state import CompiledStateGraph
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -266,7 +267,20 @@ app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer
 app.add_middleware(RefreshQueueGaugesOnScrape)
 
 
-@app.get("/health/queue", tags=["health"])
+class QueueHealth(BaseModel):
+    """``GET /health/queue`` (documentation only)."""
+
+    depth: int
+    max_size: int
+    dlq_depth: int
+    oldest_age_s: float
+    in_flight: int
+    recovered_total: int
+    dead_lettered_total: int
+    recovering: int
+
+
+@app.get("/health/queue", tags=["health"], responses={200: {"model": QueueHealth}})
 async def queue_health(request: Request) -> dict[str, int | float]:
     """The queue's figures; with Redis down, 503 ``dependency_unavailable`` (the error table) with ``Retry-After``."""
     worker: RecoveryWorker = request.app.state.recovery

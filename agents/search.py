@@ -12,13 +12,16 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
+from pydantic import BaseModel
 
-from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS
+from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, ErrorCode
 from graph.search import build_search_graph
 from infra.a2a.server import Skill, mount_a2a
+from infra.a2a.wire import A2A_PATH
 from infra.clients.providers import HotelApiClient
 from infra.error_table import skill_failure_from
 from infra.service import create_service_app
+from infra.service.openapi import answers, document_service_token, error, retry_after
 from infra.settings import get_settings
 from resilience import bulkhead_registry
 
@@ -68,14 +71,61 @@ mount_a2a(
     ],
     bulkhead="search_agent",
 )
+document_service_token(app, A2A_PATH)
 
 
-@app.get("/hotels")
+class Offer(BaseModel):
+    hotel_id: str
+    name: str
+    city: str
+    stars: int
+    price_per_night: float
+    currency: str
+    available_rooms: int
+
+
+class Offers(BaseModel):
+    """``GET /hotels`` (documentation only: the route answers the search graph's offers)."""
+
+    offers: list[Offer]
+    """Cheapest first; empty when no hotel of the city can host the party on every night."""
+
+
+# documentation only (json_schema_extra): what the search graph's validate step refuses besides the Query rules
+_NOT_BLANK = {"pattern": r"\S"}
+_DATE = {"format": "date"}
+
+
+@app.get(
+    "/hotels",
+    responses={
+        200: {"model": Offers, "description": "Bookable offers, cheapest first."},
+        **answers(
+            error(
+                422,
+                ErrorCode.INVALID_REQUEST,
+                ErrorCode.REJECTED,
+                description="The stay breaks a rule (`checkout` after `checkin`, at most 30 nights, calendar dates, "
+                "a city that is not blank), or hotel-api refused the query.",
+            ),
+            error(
+                503,
+                ErrorCode.PROVIDER_UNAVAILABLE,
+                ErrorCode.BULKHEAD_FULL,
+                ErrorCode.UNAVAILABLE,
+                description="hotel-api failed or its circuit is open (`provider_unavailable`: search-agent is "
+                "fine, no `Retry-After`), or search-agent is at capacity (`bulkhead_full`, with `Retry-After`).",
+                headers={"Retry-After": retry_after(required=False)},
+            ),
+            error(504, ErrorCode.TIMEOUT, description="The request's budget ran out."),
+        ),
+    },
+)
 async def list_hotels(
     request: Request,
-    city: Annotated[str, Query(min_length=1, max_length=80)],
-    checkin: Annotated[str, Query(pattern=ISO_DATE_PATTERN)],
-    checkout: Annotated[str, Query(pattern=ISO_DATE_PATTERN)],
+    city: Annotated[str, Query(min_length=1, max_length=80, json_schema_extra=_NOT_BLANK)],
+    checkin: Annotated[str, Query(pattern=ISO_DATE_PATTERN, json_schema_extra=_DATE)],
+    checkout: Annotated[str, Query(pattern=ISO_DATE_PATTERN, json_schema_extra=_DATE)],
     guests: Annotated[int, Query(ge=MIN_GUESTS, le=MAX_GUESTS)] = 1,
     max_price_per_night: Annotated[float | None, Query(gt=0)] = None,
 ) -> dict[str, Any]:

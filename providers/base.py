@@ -17,14 +17,81 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infra.auth import admin_token, admin_token_ok
-from infra.clients.wire import provider_error
+from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, REPLAYED_HEADER, provider_error
 from infra.service import create_service_app
+from infra.service.openapi import Answer, detail, document
+from infra.service.openapi import provider_error as provider_answer
 from providers.faults import ClientGoneError, FaultInjector, InjectedFaultError, faults_router
 from providers.idempotency import IdempotencyKeyReusedError, MissingIdempotencyKeyError
 
-__all__ = ["ADMIN_PREFIX", "AdminGuard", "ProviderApiError", "create_provider_app"]
+__all__ = [
+    "ADMIN_PREFIX",
+    "IDEMPOTENT_ANSWERS",
+    "IDEMPOTENT_ROUTE",
+    "REPLAYED",
+    "AdminGuard",
+    "ProviderApiError",
+    "create_provider_app",
+]
 
 ADMIN_PREFIX = "/admin"
+
+# ------------------------------------------------------------------- OpenAPI documentation (describes, changes nothing)
+
+IDEMPOTENT_ROUTE: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": IDEMPOTENCY_HEADER,
+            "in": "header",
+            "required": True,
+            "description": "Names this operation (providers/idempotency.py): the same key with the same request "
+            "gets the first answer again, with another request 422 `idempotency_key_reused`.",
+            "schema": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH,
+                "pattern": r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$",
+            },
+        }
+    ]
+}
+"""``openapi_extra`` of a route that depends on ``require_idempotency_key`` (it reads the header itself)."""
+REPLAYED: dict[str, Any] = {
+    REPLAYED_HEADER: {
+        "description": "`true` when this is the recorded answer of an earlier request with the same key.",
+        "required": False,
+        "schema": {"type": "string", "const": "true"},
+    }
+}
+IDEMPOTENT_ANSWERS: tuple[Answer, ...] = (
+    provider_answer(
+        400,
+        "missing_idempotency_key",
+        description=f"No `{IDEMPOTENCY_HEADER}`, or not 1-{MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters.",
+    ),
+    provider_answer(
+        422, "idempotency_key_reused", description="The key was first used for a different request; use a new key."
+    ),
+)
+_INJECTED_FAULT = provider_answer(
+    503, "injected_fault", description="A fault injected with `PUT /admin/faults` (`error_rate`); no `Retry-After`."
+)
+_ADMIN_SCHEMES = {
+    "adminToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`CONCIERGE_ADMIN_TOKEN`: without one configured, the `/admin` routes do not exist (404).",
+    }
+}
+_ADMIN_ANSWERS = (
+    provider_answer(
+        401,
+        "unauthorized",
+        description="No `Authorization: Bearer $CONCIERGE_ADMIN_TOKEN`.",
+        headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string", "const": "Bearer"}}},
+    ),
+    detail(404, description="No admin token is configured: the `/admin` routes do not exist."),
+)
 
 
 # Not sent to anyone: the client is gone. Logged and counted under the nginx convention.
@@ -103,4 +170,9 @@ def create_provider_app(name: str, business: APIRouter, admin: APIRouter) -> Fas
     app.include_router(admin)
     app.include_router(faults_router(name))
     app.add_middleware(AdminGuard)
+    for route in business.routes:
+        document(app, path=getattr(route, "path", ""), answers=[_INJECTED_FAULT])
+    document(
+        app, prefix=ADMIN_PREFIX, answers=_ADMIN_ANSWERS, security=[{"adminToken": []}], security_schemes=_ADMIN_SCHEMES
+    )
     return app

@@ -47,9 +47,10 @@ MAX_LATENCY_S = 300.0
 
 
 class Faults(BaseModel):
-    """The fault settings; fields left out of a PUT are reset to "no fault"."""
+    """The fault settings; fields left out of a PUT are reset to "no fault". Strict: the types its JSON Schema says
+    (``"hang": 0`` or ``"latency_s": "5"`` is refused, not read as ``false`` or 5)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     latency_s: float = Field(0.0, ge=0, le=MAX_LATENCY_S, allow_inf_nan=False)
     error_rate: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)

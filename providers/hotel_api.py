@@ -23,16 +23,18 @@ import json
 import time
 import uuid
 from datetime import date
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Response
-from pydantic import Field
+from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 from domain.booking import nights_between
 from infra.clients.wire import provider_error
 from infra.service import get_redis
-from providers.base import ProviderApiError, create_provider_app
+from infra.service.openapi import answers
+from infra.service.openapi import provider_error as provider_answer
+from providers.base import IDEMPOTENT_ANSWERS, IDEMPOTENT_ROUTE, REPLAYED, ProviderApiError, create_provider_app
 from providers.idempotency import IdempotentScript, fingerprint, record_suffix, require_idempotency_key
 from providers.inventory import Hotel, find_hotel, hotels_in
 from providers.keys import provider_key
@@ -162,11 +164,57 @@ def _not_found(reservation_id: str) -> str:
     return json.dumps(provider_error("reservation_not_found", reservation_id=reservation_id))
 
 
+# ----------------------------------------------------------------------- OpenAPI documentation (changes nothing)
+
+
+class Offer(BaseModel):
+    hotel_id: str
+    name: str
+    city: str
+    stars: int
+    price_per_night: float
+    currency: str
+    available_rooms: int
+
+
+class Offers(BaseModel):
+    offers: list[Offer]
+
+
+class Reservation(BaseModel):
+    reservation_id: str
+    status: Literal["held", "confirmed", "cancelled"]
+    hotel_id: str
+    hotel_name: str
+    checkin: str
+    checkout: str
+    guests: int
+    rooms: int
+    nights: list[str]
+    total_price: float
+    currency: str
+    reference: str
+    created_at: float
+
+
+_HOTEL_NOT_FOUND = provider_answer(404, "hotel_not_found", description="No hotel with this id.")
+_RESERVATION_NOT_FOUND = provider_answer(
+    404, "reservation_not_found", description="No reservation with this id.", headers=REPLAYED
+)
+
+
+def _recorded(status: int, description: str) -> dict[str, Any]:
+    """A success an idempotency record may replay."""
+    return {"model": Reservation, "description": description, "headers": REPLAYED}
+
+
 business = APIRouter(tags=["hotel-api"])
 admin = APIRouter(prefix="/admin", tags=["admin"])
 
 
-@business.get("/hotels")
+@business.get(
+    "/hotels", responses={200: {"model": Offers, "description": "Offers with rooms for the party, cheapest first."}}
+)
 async def search_hotels(query: Annotated[SearchQuery, Query()], redis: RedisDep) -> dict[str, Any]:
     """Offers in ``city`` with enough rooms for the party on every night, cheapest first."""
     hotels = hotels_in(query.city)
@@ -188,7 +236,7 @@ async def search_hotels(query: Annotated[SearchQuery, Query()], redis: RedisDep)
     return {"offers": offers}
 
 
-@business.get("/hotels/{hotel_id}")
+@business.get("/hotels/{hotel_id}", responses=answers(_HOTEL_NOT_FOUND))
 async def get_hotel(hotel_id: str) -> dict[str, object]:
     hotel = find_hotel(hotel_id)
     if hotel is None:
@@ -215,7 +263,22 @@ def _new_reservation(reservation_id: str, hotel: Hotel, request: ReservationRequ
     }
 
 
-@business.post("/reservations", status_code=201, response_model=None)
+@business.post(
+    "/reservations",
+    status_code=201,
+    response_model=None,
+    openapi_extra=IDEMPOTENT_ROUTE,
+    responses={
+        201: _recorded(201, "Rooms held."),
+        **answers(
+            *IDEMPOTENT_ANSWERS,
+            provider_answer(404, "hotel_not_found", description="No hotel with this id.", headers=REPLAYED),
+            provider_answer(
+                409, "no_availability", description="Not enough rooms on every night of the stay.", headers=REPLAYED
+            ),
+        ),
+    },
+)
 async def create_reservation(body: ReservationRequest, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
     hotel = find_hotel(body.hotel_id)
     reservation_id = f"res_{uuid.uuid4().hex}"
@@ -242,7 +305,24 @@ async def create_reservation(body: ReservationRequest, idempotency_key: Idempote
     return outcome.to_response()
 
 
-@business.post("/reservations/{reservation_id}/confirm", response_model=None)
+@business.post(
+    "/reservations/{reservation_id}/confirm",
+    response_model=None,
+    openapi_extra=IDEMPOTENT_ROUTE,
+    responses={
+        200: _recorded(200, "Confirmed (again: unchanged)."),
+        **answers(
+            *IDEMPOTENT_ANSWERS,
+            _RESERVATION_NOT_FOUND,
+            provider_answer(
+                409,
+                "reservation_cancelled",
+                description="A cancelled reservation cannot be confirmed.",
+                headers=REPLAYED,
+            ),
+        ),
+    },
+)
 async def confirm_reservation(reservation_id: str, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
     outcome = await _CONFIRM.run(
         redis,
@@ -254,7 +334,15 @@ async def confirm_reservation(reservation_id: str, idempotency_key: IdempotencyK
     return outcome.to_response()
 
 
-@business.post("/reservations/{reservation_id}/cancel", response_model=None)
+@business.post(
+    "/reservations/{reservation_id}/cancel",
+    response_model=None,
+    openapi_extra=IDEMPOTENT_ROUTE,
+    responses={
+        200: _recorded(200, "Cancelled, its rooms given back (again: unchanged)."),
+        **answers(*IDEMPOTENT_ANSWERS, _RESERVATION_NOT_FOUND),
+    },
+)
 async def cancel_reservation(reservation_id: str, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
     outcome = await _CANCEL.run(
         redis,
@@ -266,7 +354,13 @@ async def cancel_reservation(reservation_id: str, idempotency_key: IdempotencyKe
     return outcome.to_response()
 
 
-@business.get("/reservations/{reservation_id}")
+@business.get(
+    "/reservations/{reservation_id}",
+    responses={
+        200: {"model": Reservation, "description": "The reservation."},
+        **answers(provider_answer(404, "reservation_not_found", description="No reservation with this id.")),
+    },
+)
 async def get_reservation(reservation_id: str, redis: RedisDep) -> dict[str, Any]:
     raw = await redis.get(_reservation_key(reservation_id))
     if raw is None:
@@ -292,7 +386,7 @@ class AvailabilityQuery(Stay):
     guests: int = 1
 
 
-@admin.get("/availability")
+@admin.get("/availability", responses=answers(_HOTEL_NOT_FOUND))
 async def availability(query: Annotated[AvailabilityQuery, Query()], redis: RedisDep) -> dict[str, Any]:
     """Rooms free per night of a stay at one hotel (``guests`` is ignored)."""
     hotel = find_hotel(query.hotel_id)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Response
 from pydantic import BaseModel, Field
@@ -27,7 +27,9 @@ from redis.asyncio import Redis
 
 from infra.clients.wire import provider_error
 from infra.service import get_redis
-from providers.base import ProviderApiError, create_provider_app
+from infra.service.openapi import answers
+from infra.service.openapi import provider_error as provider_answer
+from providers.base import IDEMPOTENT_ANSWERS, IDEMPOTENT_ROUTE, REPLAYED, ProviderApiError, create_provider_app
 from providers.idempotency import IdempotentScript, fingerprint, record_suffix, require_idempotency_key
 from providers.keys import provider_key
 
@@ -106,11 +108,48 @@ class ChargeRequest(BaseModel):
     reference: str = Field(min_length=1, max_length=200)
 
 
+# ----------------------------------------------------------------------- OpenAPI documentation (changes nothing)
+
+
+class Charge(BaseModel):
+    payment_id: str
+    status: Literal["captured", "declined", "refunded"]
+    amount: float
+    currency: str
+    reference: str
+    created_at: float
+
+
+class Charges(BaseModel):
+    charges: list[Charge]
+
+
+_CHARGE_NOT_FOUND = provider_answer(404, "charge_not_found", description="No charge with this id.")
+
+
 business = APIRouter(tags=["payment-api"])
 admin = APIRouter(prefix="/admin", tags=["admin"])
 
 
-@business.post("/charges", status_code=201, response_model=None)
+@business.post(
+    "/charges",
+    status_code=201,
+    response_model=None,
+    openapi_extra=IDEMPOTENT_ROUTE,
+    responses={
+        201: {"model": Charge, "description": "Captured.", "headers": REPLAYED},
+        **answers(
+            *IDEMPOTENT_ANSWERS,
+            provider_answer(
+                402,
+                "card_declined",
+                description="Declined (`tok_declined`; any other token not `tok_visa` or `tok_ok_*`, with "
+                "`reason`): still a charge, with its `payment_id`.",
+                headers=REPLAYED,
+            ),
+        ),
+    },
+)
 async def create_charge(body: ChargeRequest, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
     captured, reason = token_outcome(body.payment_token)
     payment_id = f"pay_{uuid.uuid4().hex}"
@@ -137,7 +176,21 @@ async def create_charge(body: ChargeRequest, idempotency_key: IdempotencyKey, re
     return outcome.to_response()
 
 
-@business.post("/charges/{payment_id}/refund", response_model=None)
+@business.post(
+    "/charges/{payment_id}/refund",
+    response_model=None,
+    openapi_extra=IDEMPOTENT_ROUTE,
+    responses={
+        200: {"model": Charge, "description": "Refunded (again: unchanged).", "headers": REPLAYED},
+        **answers(
+            *IDEMPOTENT_ANSWERS,
+            provider_answer(404, "charge_not_found", description="No charge with this id.", headers=REPLAYED),
+            provider_answer(
+                409, "charge_not_captured", description="A declined charge has nothing to refund.", headers=REPLAYED
+            ),
+        ),
+    },
+)
 async def refund_charge(payment_id: str, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
     outcome = await _REFUND.run(
         redis,
@@ -149,7 +202,10 @@ async def refund_charge(payment_id: str, idempotency_key: IdempotencyKey, redis:
     return outcome.to_response()
 
 
-@business.get("/charges/{payment_id}")
+@business.get(
+    "/charges/{payment_id}",
+    responses={200: {"model": Charge, "description": "The charge."}, **answers(_CHARGE_NOT_FOUND)},
+)
 async def get_charge(payment_id: str, redis: RedisDep) -> dict[str, Any]:
     raw = await redis.get(_charge_key(payment_id))
     if raw is None:
@@ -164,7 +220,7 @@ async def _charges(redis: Redis, list_key: str) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in raws if raw is not None]
 
 
-@business.get("/charges")
+@business.get("/charges", responses={200: {"model": Charges, "description": "Every charge of the reference."}})
 async def find_charges(
     reference: Annotated[str, Query(min_length=1, max_length=200)], redis: RedisDep
 ) -> dict[str, Any]:

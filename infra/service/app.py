@@ -23,9 +23,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.telemetry import TelemetryConfig
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from infra.auth import MissingSecretError, use_service_identity
 from infra.error_table import TABLE, answer_for, answer_response
@@ -41,6 +44,7 @@ from infra.service.middleware import (
     ErrorBoundaryMiddleware,
     RequestMetricsMiddleware,
 )
+from infra.service.openapi import install_openapi
 from infra.service.state import ServiceInfo
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry, shutdown_telemetry
@@ -96,6 +100,23 @@ async def _answer(request: Request, exc: Exception) -> JSONResponse:
     """An exception the error table knows, answered with its code and status (``Retry-After`` when retryable)."""
     status, body, headers = answer_response(answer_for(exc))
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    """405 naming every method of the path in ``Allow``: Starlette's names only those of the first route matching
+    the path, and one path may have a route per method (``GET``/``PUT``/``DELETE /admin/faults``)."""
+    assert isinstance(exc, StarletteHTTPException)
+    allowed = {
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.routes)
+    }
+    if allowed:
+        exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+    return await http_exception_handler(request, exc)
 
 
 def _instance_id() -> str:
@@ -196,8 +217,10 @@ def create_service_app(
     app.add_middleware(ErrorBoundaryMiddleware)
     app.add_middleware(RequestMetricsMiddleware, service_name=service_name)
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(405, _method_not_allowed)
     for exc_class, _code, _retryable in TABLE:
         if exc_class is not Exception:  # the rest is the error boundary's: logged, 500, nothing sent
             app.add_exception_handler(exc_class, _answer)
     install_health_routes(app, checks, ready_timeout_s)
+    install_openapi(app)
     return app

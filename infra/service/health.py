@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from infra.service.state import ServiceInfo, get_redis
@@ -19,6 +19,31 @@ from resilience import (
 
 ReadyCheck = Callable[[], Awaitable[object]]
 READY_CHECK_TIMEOUT_S = 1.0
+
+_READY_BODY = {
+    "type": "object",
+    "required": ["status", "service", "checks", "failing"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ready", "not_ready"]},
+        "service": {"type": "string"},
+        "checks": {"type": "object", "additionalProperties": {"type": "string"}},
+        "failing": {"type": "array", "items": {"type": "string"}},
+    },
+}
+# documentation only (infra.service.openapi adds the shell's answers to these)
+_READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Every check passed.", "content": {"application/json": {"schema": _READY_BODY}}},
+    503: {
+        "description": "At least one check failed or timed out (`failing` names them); no `Retry-After`.",
+        "content": {"application/json": {"schema": _READY_BODY}},
+    },
+}
+_METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text exposition format.",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
 
 
 async def _run_check(name: str, check: ReadyCheck, limit_s: float) -> tuple[str, str | None]:
@@ -46,7 +71,7 @@ def install_health_routes(app: FastAPI, checks: Mapping[str, ReadyCheck], ready_
             "uptime_s": round(time.monotonic() - info.started_at, 3),
         }
 
-    @app.get("/health/ready", tags=["health"])
+    @app.get("/health/ready", tags=["health"], responses=_READY_RESPONSES)
     async def ready(request: Request) -> JSONResponse:
         redis = await get_redis(request)
         all_checks: dict[str, ReadyCheck] = {"redis": redis.ping, **checks}
@@ -68,6 +93,6 @@ def install_health_routes(app: FastAPI, checks: Mapping[str, ReadyCheck], ready_
     async def circuits() -> dict[str, Any]:
         return dict(circuit_registry.stats())
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse, responses=_METRICS_RESPONSES)
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

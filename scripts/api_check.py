@@ -1,0 +1,316 @@
+"""`make api-check`: schemathesis against the OpenAPI of every service, started as real processes.
+
+    python scripts/api_check.py [--max-examples N] [--seed S] [--service NAME ...] [--keep]
+
+Starts the six services with the tests' harness (``tests.stack.Stack``: its own service secret and admin token,
+one Redis key prefix, a fresh Postgres database on ``TEST_DATABASE_URL`` when that server answers, else the SQLite
+checkpointer), then runs ``schemathesis run <service>/openapi.json --checks all`` against each one, every phase
+(examples, coverage, fuzzing, stateful), ``--max-examples`` cases per operation (default 25) from a fixed seed so a
+run is reproducible. The admin token is sent on every request (``Authorization: Bearer``), so the providers'
+``/admin`` routes are exercised too; ``ignored_auth`` checks they refuse a request without it. Exits 1 when any run
+reports a failure (a 5xx, an answer its schema does not document, ...), and ends with ``api-check: N passed, M
+failed`` (one per service run).
+
+What is left out, and why:
+
+- ``POST /a2a`` of the three agents: JSON-RPC behind a service token (a JWT for one audience, valid a minute) that
+  schemathesis cannot mint, and every JSON-RPC outcome, errors included, is a 200 with a JSON-RPC body the SDK
+  documents, not us. Its 401 and the shell's answers are documented all the same; tests/e2e covers its behaviour.
+- nothing else. ``/admin/faults`` is run last, on its own: a generated ``PUT`` (``hang``, ``error_rate``) would
+  otherwise break the provider, and search-agent and the bookings behind it, for every run after it; the faults
+  are cleared afterwards.
+
+This file is also the schemathesis hooks module (``SCHEMATHESIS_HOOKS``), importing only schemathesis and the
+standard library; its ``before_call`` changes *positive* cases only (those that fit the schema), so that schema-valid
+means valid and they reach the real work instead of a 422:
+
+- a JSON Schema cannot say that ``checkout`` comes 1 to 30 nights after ``checkin``, nor that ``checkin`` is within
+  the booking horizon from today: every stay becomes one that keeps those rules;
+- ``Idempotency-Key`` names one operation: a generated key is a constant reused for every request, which the
+  providers rightly refuse (422 ``idempotency_key_reused``); it gets a prefix derived from the request.
+
+And one documented answer is not a refusal of the request: ``POST /charges`` with a well-formed token the card
+processor declines answers 402 ``card_declined`` (``CONFIG``). Negative cases are left as generated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import schemathesis
+from schemathesis.core.parameters import ParameterLocation
+
+REPO = Path(__file__).resolve().parents[1]
+SERVICES = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent", "recovery-worker")
+A2A_PATHS = ("/a2a",)
+"""Left out of the agents' runs (see the module docstring)."""
+FAULTS_PATH = "/admin/faults"
+PROVIDERS = ("hotel-api", "payment-api")
+DEFAULT_MAX_EXAMPLES = 25
+DEFAULT_SEED = 20270110
+REQUEST_TIMEOUT_S = 70.0
+"""Longer than ``GET /bookings/{id}?wait=60``, the longest an answer may rightly take."""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_DAYS_AHEAD = 700
+"""Inside domain.booking.MAX_DAYS_AHEAD (730): a positive check-in is 1 to this many days from today."""
+MAX_NIGHTS = 30
+
+
+CONFIG = """
+[[operations]]
+include-path = "/charges"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "402", "403", "404", "409", "429", "5xx"]
+"""
+"""``schemathesis.toml`` of every run: the statuses a schema-valid request may get besides the defaults."""
+
+# ------------------------------------------------------------------------------------------- schemathesis hooks
+
+
+def _valid_stay(container: dict[str, Any]) -> dict[str, Any]:
+    """The container with a stay that keeps the rules, derived from the generated one (so cases still differ)."""
+    seed = zlib.crc32(f"{container.get('checkin')}|{container.get('checkout')}".encode())
+    checkin = dt.date.today() + dt.timedelta(days=1 + seed % MAX_DAYS_AHEAD)
+    nights = 1 + (seed // MAX_DAYS_AHEAD) % MAX_NIGHTS
+    return {**container, "checkin": checkin.isoformat(), "checkout": (checkin + dt.timedelta(days=nights)).isoformat()}
+
+
+def _positive(case: Any, location: ParameterLocation) -> bool:
+    component = case.meta.components.get(location)
+    mode = component.mode if component is not None else case.meta.generation.mode
+    return bool(mode.is_positive)
+
+
+def _idempotency_key(case: Any, generated: str) -> str:
+    """One key per request, as a client makes them: the same request gets the same key, another request another.
+
+    A generated key is a constant (``"0"``) reused for every request, which a provider must refuse (422
+    ``idempotency_key_reused``): that says nothing about the request, so the generated key is kept only as a
+    suffix. Within every schema's limits (1-200 characters, printable ASCII at both ends)."""
+    body = case.body if isinstance(case.body, dict | list | str | int | float | bool) else None
+    request = [case.method, case.path, case.path_parameters, case.query, body]
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=repr).encode()).hexdigest()[:24]
+    return f"{digest}-{generated[:100]}".rstrip()
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    """Right before the request goes out, on the case as it will be sent (a phase may still change a case after
+    ``map_case``). New containers, never edits in place: a generated dict may be shared with other cases."""
+    if case.meta is None:
+        return
+    for name, location in (("query", ParameterLocation.QUERY), ("body", ParameterLocation.BODY)):
+        container = getattr(case, name)
+        if (
+            isinstance(container, dict)
+            and isinstance(container.get("checkin"), str)
+            and isinstance(container.get("checkout"), str)
+            and _positive(case, location)
+        ):
+            setattr(case, name, _valid_stay(container))
+    headers = case.headers
+    if headers and isinstance(headers.get(IDEMPOTENCY_HEADER), str) and _positive(case, ParameterLocation.HEADER):
+        headers = headers.copy()
+        headers[IDEMPOTENCY_HEADER] = _idempotency_key(case, headers[IDEMPOTENCY_HEADER])
+        case.headers = headers
+
+
+# ------------------------------------------------------------------------------------------------ the runner
+
+
+def _redis_url() -> tuple[str, subprocess.Popen[bytes] | None]:
+    """``REDIS_URL``, else the local server when it answers, else a private ``redis-server`` (as the tests do)."""
+    import redis
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        return url, None
+    except redis.RedisError:
+        if "REDIS_URL" in os.environ:
+            raise SystemExit(f"api-check: Redis at REDIS_URL={url} does not answer") from None
+    from tests.procs import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
+            return url, proc
+        except redis.RedisError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("api-check: no Redis (REDIS_URL unset, nothing on 127.0.0.1:6379, redis-server did not start)")
+
+
+def _postgres_reachable(url: str) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(url, connect_timeout=3).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+def _forget(redis_url: str, prefix: str) -> None:
+    """Delete the run's keys (the stack's own prefix) from a Redis that outlives it."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for batch in _batches(client.scan_iter(match=f"{prefix}:*", count=1000), 500):
+            client.delete(*batch)
+    finally:
+        client.close()
+
+
+def _batches(items: Any, size: int) -> Any:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _schemathesis(
+    url: str,
+    args: argparse.Namespace,
+    admin_token: str,
+    work: Path,
+    label: str,
+    *,
+    include: str | None,
+    exclude: list[str],
+) -> list[str]:
+    argv = [
+        str(Path(sys.executable).with_name("schemathesis")),
+        "--config-file",
+        str(work / "schemathesis.toml"),
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        "all",
+        "--max-examples",
+        str(args.max_examples),
+        "--seed",
+        str(args.seed),
+        "--request-timeout",
+        str(REQUEST_TIMEOUT_S),
+        "--generation-database",
+        "none",
+        "--header",
+        f"Authorization: Bearer {admin_token}",
+        "--report",
+        "junit",
+        "--report-junit-path",
+        str(work / f"junit-{label}.xml"),
+        "--no-color",
+    ]
+    if include is not None:
+        argv += ["--include-path", include]
+    for path in exclude:
+        argv += ["--exclude-path", path]
+    return argv
+
+
+def _run(argv: list[str], label: str, log: Path) -> tuple[bool, float]:
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": str(Path(__file__).resolve())}
+    print(f"\n=== {label}: schemathesis", flush=True)
+    start = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run(argv, env=env, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT, check=False)
+    elapsed = time.monotonic() - start
+    lines = log.read_text().splitlines()
+    if proc.returncode == 0:  # its summary; the whole report when something failed
+        summary = [i for i, line in enumerate(lines) if line.strip(" =") == "SUMMARY"]
+        lines = lines[summary[-1] :] if summary else lines
+    print("\n".join(lines), flush=True)
+    return proc.returncode == 0, elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-examples", type=int, default=DEFAULT_MAX_EXAMPLES, help="cases per operation")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="schemathesis' seed (a run is reproducible)")
+    parser.add_argument("--service", action="append", choices=SERVICES, help="only this service (repeatable)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, reports)")
+    args = parser.parse_args()
+    services = tuple(args.service or SERVICES)
+
+    sys.path.insert(0, str(REPO))
+    from tests.stack import TEST_DATABASE_URL, Stack, fresh_database
+
+    redis_url, redis_proc = _redis_url()
+    work = Path(tempfile.mkdtemp(prefix="api-check-"))
+    results: list[tuple[str, bool, float]] = []
+    started = time.monotonic()
+    prefix: str | None = None
+    try:
+        use_postgres = _postgres_reachable(TEST_DATABASE_URL)
+        database = fresh_database(name_prefix="concierge_api") if use_postgres else contextlib.nullcontext(None)
+        with database as database_url, Stack(work, redis_url, database_url=database_url, span_files=False) as stack:
+            prefix = stack.prefix
+            stack.start(services)
+            checkpointer = "Postgres" if database_url else "SQLite"
+            print(f"api-check: {len(services)} services up in {time.monotonic() - started:.1f}s ({checkpointer})")
+            passes: list[tuple[str, str | None, list[str]]] = [
+                (name, None, [FAULTS_PATH] if name in PROVIDERS else [*A2A_PATHS]) for name in services
+            ]
+            passes += [(name, FAULTS_PATH, []) for name in services if name in PROVIDERS]
+            (work / "schemathesis.toml").write_text(CONFIG)
+            for name, include, exclude in passes:
+                label = name if include is None else f"{name} {include}"
+                slug = label.replace(" ", "").replace("/", "_")
+                argv = _schemathesis(
+                    stack.url(name), args, stack.admin_token, work, slug, include=include, exclude=exclude
+                )
+                ok, elapsed = _run(argv, label, work / f"{slug}.log")
+                results.append((label, ok, elapsed))
+                if include == FAULTS_PATH:
+                    stack.fault(name)  # clear whatever the generated PUTs left
+    finally:
+        if prefix is not None:
+            _forget(redis_url, prefix)
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(timeout=10)
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"api-check: logs and reports kept in {work}")
+
+    print("\napi-check:")
+    for label, ok, elapsed in results:
+        print(f"  {'ok  ' if ok else 'FAIL'} {label:28} {elapsed:6.1f}s")
+    failed = sum(1 for _, ok, _ in results if not ok)
+    print(f"  total {time.monotonic() - started:.0f}s")
+    print(f"api-check: {len(results) - failed} passed, {failed} failed")
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
