@@ -1,6 +1,9 @@
 # One image for every service of the stack; docker-compose.yml picks the service with its command:
 #   concierge serve <service> --host 0.0.0.0
-FROM python:3.11-slim
+# The base image is a build argument only so that `make compose-check` can build on a machine that cannot pull it
+# (scripts/compose_check.py passes a local stand-in); everyone else gets the official image.
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -12,24 +15,31 @@ RUN groupadd --system --gid 10001 concierge \
 
 WORKDIR /app
 
-# Dependencies in their own layer: read from pyproject.toml alone, so editing the source does not reinstall them.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+# Dependencies in their own layer, exactly as locked (requirements.lock: `make lock`; every file checked against its
+# hash), so editing the source does not reinstall them and a rebuild next month installs what was tested today.
+# The lock also pins the build backend, which builds the project below without fetching anything.
+COPY requirements.lock ./
+RUN pip install --no-deps --require-hashes -r requirements.lock \
+    && rm requirements.lock
 
-# The project itself, without touching the dependencies installed above.
-COPY README.md ./
-COPY resilience ./resilience
-COPY infra ./infra
-COPY graph ./graph
+# The project itself: every package pyproject.toml names, without touching the dependencies installed above.
+COPY pyproject.toml README.md ./
+COPY stack ./stack
 COPY agents ./agents
+COPY providers ./providers
 COPY recovery ./recovery
-RUN pip install --no-deps . \
+COPY runs ./runs
+COPY graph ./graph
+COPY infra ./infra
+COPY domain ./domain
+COPY resilience ./resilience
+RUN pip install --no-deps --no-build-isolation . \
+    && pip check \
+    && rm -rf build *.egg-info \
     && mkdir -p /app/.concierge \
     && chown -R concierge:concierge /app/.concierge
 
+# The only place the service writes (SQLite checkpoints when DATABASE_URL is unset, `concierge` CLI state).
 ENV CONCIERGE_DATA_DIR=/app/.concierge
 
 USER concierge
@@ -37,6 +47,8 @@ USER concierge
 EXPOSE 8000 8001 8002 8010 8011 8020
 
 # The default command runs the booking-agent; docker-compose.yml overrides command and healthcheck per service.
+# `concierge serve` is PID 1 (exec form, no shell): SIGTERM from `docker stop` reaches uvicorn, whose graceful
+# shutdown runs the service's drain (the booking-agent's handoff).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]
 

@@ -4,15 +4,37 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint bench up clean
+.PHONY: install lock compose-check api-check test lint bench up clean
 
-$(STAMP): pyproject.toml
+# Installs requirements-dev.lock exactly (hashes checked; packages not in it removed): uv from its pin there (pip),
+# then uv for the rest, then the project itself, editable. Refuses a lock that pyproject.toml has moved away from.
+$(STAMP): pyproject.toml requirements-dev.lock requirements-tools.in
+	$(PYTHON) scripts/lock.py check
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python scripts/lock.py ensure-uv $(VENV)
+	$(BIN)/uv pip sync --quiet --python $(BIN)/python --require-hashes requirements-dev.lock
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip check
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Rewrites requirements.lock and requirements-dev.lock from pyproject.toml, keeping every pin that still fits;
+# make lock LOCK_ARGS=--upgrade takes the newest versions instead.
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python scripts/lock.py ensure-uv $(VENV)
+	$(BIN)/python scripts/lock.py compile $(LOCK_ARGS)
+
+# The stack of docker-compose.yml in containers, killed and stopped mid-booking (scripts/compose_check.py; root and
+# podman, or COMPOSE_CHECK_ARGS=--engine=docker).
+compose-check: $(STAMP)
+	$(BIN)/python scripts/compose_check.py $(COMPOSE_CHECK_ARGS)
+
+# schemathesis against every service's OpenAPI, the stack started as real processes (scripts/api_check.py; Redis and,
+# when it answers, Postgres as for the tests); e.g. make api-check API_CHECK_ARGS="--max-examples 100 --seed 7".
+api-check: $(STAMP)
+	$(BIN)/python scripts/api_check.py $(API_CHECK_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
