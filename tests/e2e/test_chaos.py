@@ -316,28 +316,28 @@ def test_run_failing_every_resume_is_dead_lettered_then_requeued_by_an_operator(
 
 
 def test_sigterm_hands_the_run_over_without_waiting_for_the_lease(stack: Stack) -> None:
-    long_ttl = 30.0
+    # a lease far longer than the test may take: only the handoff (never an expiry) can get the run confirmed
+    long_ttl = 600.0
     stack.services["booking-agent"].kill()
     stack.serve("booking-agent", env={"RUN_LEASE_TTL": str(long_ttl)})
     stack.fault("payment-api", latency_s=2.0)
     booking_id = book(stack, days_ahead=105)
     wait_for_status(stack, booking_id, {"paying"})
 
-    stopped_at = time.monotonic()
     assert stack.services["booking-agent"].terminate() in (0, -15)
+    record = run_record(stack, booking_id)
+    # released (owner "") and queued; the recovery worker may already have taken it
+    assert not record["owner"].startswith("booking-agent"), f"lease released on SIGTERM, not left to expire: {record}"
     stack.fault("payment-api")
     stack.serve("booking-agent")
-    assert_confirmed_exactly_once(stack, booking_id)
-    elapsed = time.monotonic() - stopped_at
-
-    assert elapsed < long_ttl / 3, f"took {elapsed:.1f}s: recovery waited for the lease instead of the handoff"
+    assert_confirmed_exactly_once(stack, booking_id)  # within RECOVERY_TIMEOUT_S, far below the lease
     assert int(run_record(stack, booking_id)["fence"]) == 2, "handed over once, to the recovery worker"
 
 
 def test_sigterm_on_the_worker_hands_its_runs_back_at_a_step_boundary(stack: Stack) -> None:
-    long_ttl = 30.0
+    # with a lease this long, only a handoff (not an expiry) can get the run to the next worker within the test
+    long_ttl = 600.0
     stack.services["recovery-worker"].kill()
-    # with a lease this long, only a handoff (not an expiry) can get the run to the next worker in time
     stack.serve("recovery-worker", env={"RUN_LEASE_TTL": str(long_ttl)})
     stack.fault("payment-api", latency_s=2.0)
     booking_id = book(stack, days_ahead=106)
@@ -348,10 +348,8 @@ def test_sigterm_on_the_worker_hands_its_runs_back_at_a_step_boundary(stack: Sta
         assert time.monotonic() < deadline, run_record(stack, booking_id)
         time.sleep(0.01)
 
-    stopped_at = time.monotonic()
     worker = stack.services["recovery-worker"]
-    assert worker.terminate() in (0, -15)
-    assert time.monotonic() - stopped_at < 12, "the worker stops within its drain period"
+    assert worker.terminate() in (0, -15), "the worker stops within its drain period"
     record = run_record(stack, booking_id)
     assert (record["status"], record["owner"]) == ("pending", ""), "lease released, not left to expire"
     assert booking_id in waiting_in_queue(stack), "re-enqueued at once for the next worker"
@@ -360,8 +358,7 @@ def test_sigterm_on_the_worker_hands_its_runs_back_at_a_step_boundary(stack: Sta
     stack.fault("payment-api")
     stack.serve("recovery-worker")
     stack.serve("booking-agent")
-    assert_confirmed_exactly_once(stack, booking_id)
-    assert time.monotonic() - stopped_at < long_ttl / 2
+    assert_confirmed_exactly_once(stack, booking_id)  # within RECOVERY_TIMEOUT_S, far below the lease
     assert int(run_record(stack, booking_id)["fence"]) == 3, "booking-agent, the stopped worker, the new worker"
 
 
