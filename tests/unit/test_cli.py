@@ -4,6 +4,7 @@ backoff, the state file, status rendering and log streaming. No network; the few
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import io
 import os
@@ -346,6 +347,17 @@ def test_status_shows_restarts_open_breakers_queue_and_bookings() -> None:
     assert "2/10" in text
     assert "depth 4/100" in text and "DLQ 2" in text
     assert "in flight 5" in text
+
+
+def test_fronts_are_kept_in_the_state_and_shown_by_status(tmp_path: Path) -> None:
+    paths = StackPaths.at(tmp_path)
+    state = dataclasses.replace(
+        _state(supervisor_pid=os.getpid(), pid=123), fronts={"search-agent": "http://127.0.0.1:8025"}
+    )
+    write_state(paths, state)
+    assert read_state(paths) == state
+    text = render_report(StackReport(state=state, in_flight=0))
+    assert "front of search-agent: http://127.0.0.1:8025" in text
 
 
 def test_status_marks_what_did_not_answer() -> None:
