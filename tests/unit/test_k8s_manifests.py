@@ -135,65 +135,60 @@ def problems(objects: Objects) -> list[str]:
             found.append(f"{name}: {len(containers)} containers, expected 1")
             continue
         (container,) = containers
-        where = f"{name}"
         if container.get("command") != ["concierge", "serve", name, "--host", "0.0.0.0"]:
-            found.append(f"{where}: command {container.get('command')} is not `concierge serve {name} --host 0.0.0.0`")
+            found.append(f"{name}: command {container.get('command')} is not `concierge serve {name} --host 0.0.0.0`")
         if container.get("image") != COMPOSE_IMAGE:
-            found.append(f"{where}: image {container.get('image')!r} is not compose's {COMPOSE_IMAGE!r}")
+            found.append(f"{name}: image {container.get('image')!r} is not compose's {COMPOSE_IMAGE!r}")
         if container_port(container, "http") != spec.port:
-            found.append(f"{where}: container port {container_port(container, 'http')} is not the table's {spec.port}")
+            found.append(f"{name}: container port {container_port(container, 'http')} is not the table's {spec.port}")
         for probe, path in (("readinessProbe", spec.ready_path), ("livenessProbe", spec.health_path)):
             get = container.get(probe, {}).get("httpGet", {})
             if get.get("path") != path or container_port(container, get.get("port", "")) != spec.port:
-                found.append(f"{where}: {probe} is {get}, not GET {path} on port {spec.port}")
+                found.append(f"{name}: {probe} is {get}, not GET {path} on port {spec.port}")
         # replicas
         if name in REPLICATED and deployment["spec"].get("replicas", 1) < 2:
-            found.append(f"{where}: {deployment['spec'].get('replicas', 1)} replica(s), at least 2 required")
+            found.append(f"{name}: {deployment['spec'].get('replicas', 1)} replica(s), at least 2 required")
         if name in REPLICATED and not any(
             pdb["spec"].get("selector", {}).get("matchLabels", {}).items() <= labels.items() for pdb in pdbs.values()
         ):
-            found.append(f"{where}: no PodDisruptionBudget selects its pods")
+            found.append(f"{name}: no PodDisruptionBudget selects its pods")
         # SIGTERM: preStop, then the drain, all within the grace period
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         if len(pre_stop) != 2 or pre_stop[0] != "sleep" or not pre_stop[1].isdigit() or int(pre_stop[1]) < 1:
-            found.append(f"{where}: preStop {pre_stop} is not a `sleep N` that lets the endpoints update first")
+            found.append(f"{name}: preStop {pre_stop} is not a `sleep N` that lets the endpoints update first")
             pre_stop_s = 0
         else:
             pre_stop_s = int(pre_stop[1])
         grace = pod.get("terminationGracePeriodSeconds", 30)
         if grace <= pre_stop_s + DRAIN_BOUND_S:
             found.append(
-                f"{where}: terminationGracePeriodSeconds {grace} <= preStop {pre_stop_s} + drain {DRAIN_BOUND_S}"
+                f"{name}: terminationGracePeriodSeconds {grace} <= preStop {pre_stop_s} + drain {DRAIN_BOUND_S}"
             )
         # locked down
         pod_security = pod.get("securityContext", {})
         security = container.get("securityContext", {})
         if pod.get("automountServiceAccountToken") is not False:
-            found.append(f"{where}: automountServiceAccountToken is not false")
+            found.append(f"{name}: automountServiceAccountToken is not false")
         if pod_security.get("runAsNonRoot") is not True or pod_security.get("runAsUser") != uid:
-            found.append(f"{where}: does not run as the image's non-root user {uid}")
+            found.append(f"{name}: does not run as the image's non-root user {uid}")
         if security.get("readOnlyRootFilesystem") is not True:
-            found.append(f"{where}: root filesystem is writable")
+            found.append(f"{name}: root filesystem is writable")
         if security.get("allowPrivilegeEscalation") is not False or security.get("capabilities", {}).get("drop") != [
             "ALL"
         ]:
-            found.append(f"{where}: may escalate privileges or keeps capabilities")
+            found.append(f"{name}: may escalate privileges or keeps capabilities")
         volumes = {volume["name"]: volume for volume in pod.get("volumes", [])}
         mounts = {mount["mountPath"]: mount["name"] for mount in container.get("volumeMounts", [])}
         for path in (data_dir, "/tmp"):
             if "emptyDir" not in volumes.get(mounts.get(path, ""), {}):
-                found.append(f"{where}: {path or 'CONCIERGE_DATA_DIR'} is not a mounted emptyDir")
-        resources = container.get("resources", {})
-        for bound in ("requests", "limits"):
-            if set(resources.get(bound, {})) < {"cpu", "memory"}:
-                found.append(f"{where}: resources.{bound} lacks cpu or memory")
+                found.append(f"{name}: {path or 'CONCIERGE_DATA_DIR'} is not a mounted emptyDir")
         # settings: the ConfigMap and Secret, and only names the services read
         refs = [ref.get("configMapRef", ref.get("secretRef", {})).get("name") for ref in container.get("envFrom", [])]
         if refs != [settings["metadata"]["name"], secrets["metadata"]["name"]]:
-            found.append(f"{where}: envFrom {refs} is not the settings ConfigMap, then the Secret")
+            found.append(f"{name}: envFrom {refs} is not the settings ConfigMap, then the Secret")
         for env in container.get("env", []):
             if env["name"] not in SETTINGS_ENV:
-                found.append(f"{where}: env {env['name']} is read by no service")
+                found.append(f"{name}: env {env['name']} is read by no service")
         # reachable by the name and port the settings give its peers
         service = services.get(name)
         if (
@@ -205,7 +200,7 @@ def problems(objects: Objects) -> list[str]:
                 for port in service["spec"]["ports"]
             )
         ):
-            found.append(f"{where}: no Service {name} sends port {spec.port} to its pods")
+            found.append(f"{name}: no Service {name} sends port {spec.port} to its pods")
 
     hpa = next((h for h in hpas.values() if h["spec"]["scaleTargetRef"].get("name") == "booking-agent"), None)
     if hpa is None:
@@ -285,6 +280,10 @@ BREAKAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "a setting nobody reads": (
         lambda root: _edit(root / "base/kustomization.yaml", "- RUN_LEASE_TTL=5", "- RUN_LEASE_TTL_S=5"),
         "setting RUN_LEASE_TTL_S is read by no service",
+    ),
+    "no memory limit": (
+        lambda root: _edit(root / "base/hotel-api.yaml", "              memory: 256Mi\n", ""),
+        "hotel-api/hotel-api: resources lack requests or limits",
     ),
     "the service token mounted": (
         lambda root: _edit(root / "base/pod-defaults.yaml", "  value: false\n", "  value: true\n"),
