@@ -114,6 +114,10 @@ def render_stack(state: StackState) -> str:
     lines = [
         render_table(("SERVICE", "URL", "PID", "STATE"), rows),
         "",
+        *(
+            f"front        {service} {url} (each connection to a replica that is up)"
+            for service, url in state.fronts.items()
+        ),
         f"redis        {redis}",
         f"checkpoints  {state.checkpointer}",
         f"logs         {state.data_dir}/logs/",

@@ -6,6 +6,10 @@ first replica keeps the service's port and the others take consecutive ports aft
 (``--scale booking-agent=2``: 8000 and 8021), so adding replicas never moves a service someone already uses.
 
 Instances are named after their service, or ``service:N`` when a service runs more than one replica.
+
+A scaled service also gets a front (``plan_fronts``): one more port, after every instance's, where the supervisor
+spreads connections over the replicas that are up (``stack.balancer``), as a Kubernetes Service does. The peers'
+``*_URL`` name the front, so every replica of search-agent takes work, and losing one costs its connections only.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from stack.services import SERVICES, ServiceSpec, UnknownServiceError, get_servi
 __all__ = [
     "DEFAULT_PORT_BASE",
     "MAX_REPLICAS",
+    "Front",
     "Instance",
     "connect_host",
     "parse_assignments",
+    "plan_fronts",
     "plan_instances",
     "select_instances",
 ]
@@ -43,6 +49,21 @@ class Instance:
     @property
     def name(self) -> str:
         return self.spec.name if self.replicas == 1 else f"{self.spec.name}:{self.replica}"
+
+    @property
+    def service(self) -> str:
+        return self.spec.name
+
+    def url(self, host: str = "127.0.0.1") -> str:
+        return self.spec.url(host, self.port)
+
+
+@dataclass(frozen=True)
+class Front:
+    """The one address of a scaled service: connections to ``port`` go to its replicas in turn."""
+
+    spec: ServiceSpec
+    port: int
 
     @property
     def service(self) -> str:
@@ -113,6 +134,17 @@ def plan_instances(
             next_extra += 1
     _check_unique(instances)
     return tuple(instances)
+
+
+def plan_fronts(instances: Sequence[Instance]) -> tuple[Front, ...]:
+    """A front per service that runs more than one replica, in table order, on ports after every instance's."""
+    next_port = max(i.port for i in instances) + 1
+    fronts: list[Front] = []
+    for instance in instances:
+        if instance.replicas > 1 and instance.replica == 1:
+            fronts.append(Front(instance.spec, _check_port(next_port, f"the front of {instance.service}")))
+            next_port += 1
+    return tuple(fronts)
 
 
 def _check_unique(instances: Sequence[Instance]) -> None:

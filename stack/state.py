@@ -24,7 +24,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,8 @@ class StackState:
     data_dir: str = ""
     key_prefix: str = ""
     """``CONCIERGE_KEY_PREFIX`` of every service in the stack: what commands need to find its keys in Redis."""
+    fronts: dict[str, str] = field(default_factory=dict)
+    """Service → the URL of its front, for each scaled service (``stack.balancer``)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -116,6 +116,7 @@ def render_report(report: StackReport, *, now: float | None = None) -> str:
             ("SERVICE", "STATE", "PID", "RESTARTS", "UPTIME", "URL"),
             [(i.name, i.status, i.pid, i.restarts, _uptime(i, now), i.url) for i in state.instances],
         ),
+        *(f"front of {service}: {url} (its replicas that are up, in turn)" for service, url in state.fronts.items()),
     ]
     circuit_rows: list[tuple[object, ...]] = []
     for name, probe in report.circuits.items():

@@ -2,7 +2,8 @@
 
 ::
 
-    lock <data dir>  ─▶  control socket  ─▶  own redis-server? (wait PING)  ─▶  every instance at once
+    lock <data dir>  ─▶  control socket  ─▶  fronts of scaled services  ─▶  own redis-server? (wait PING)
+        ─▶  every instance at once
         ─▶  wait for each /health/ready  ─▶  "all services ready"  ─▶  supervise until Ctrl-C / SIGTERM / `down`
         ─▶  stop in reverse table order: SIGTERM, SIGKILL after the grace period  ─▶  redis last
 
@@ -11,7 +12,8 @@ group; a terminal's Ctrl-C reaches only the supervisor, which stops the children
 log file. A child that exits on its own after start-up is restarted after a backoff (``RestartPolicy``); one that
 exits *during* start-up fails ``up``: a crash loop there is a configuration error to report, not to retry.
 ``kill``/``stop``/``start`` arrive on the control socket; ``stop`` and ``kill --no-restart`` hold an instance down
-until ``start``.
+until ``start``. A scaled service's front (``stack.balancer``) sends new connections only to its replicas that are
+up: ready once, and their process still running.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from redis.asyncio import Redis
 from infra.bookings import BookingStore
 from infra.redis import create_redis
 from infra.settings import get_settings
+from stack.balancer import Balancer
 from stack.console import render_stack
 from stack.control import MAX_MESSAGE_BYTES, decode, encode
-from stack.errors import ControlError, StackAlreadyRunningError, StackError, StartupError
-from stack.layout import Instance, connect_host, select_instances
+from stack.errors import ControlError, PortInUseError, StackAlreadyRunningError, StackError, StartupError
+from stack.layout import Front, Instance, connect_host, select_instances
 from stack.logstream import LogStreamer, last_line
 from stack.redis_server import RedisPlan, redact, redis_reachable, redis_server_argv
 from stack.services import SERVICES, UnknownServiceError
@@ -101,6 +104,8 @@ class SupervisorConfig:
     checkpointer: str = ""
     secrets: StackSecrets = field(default_factory=StackSecrets.generate)
     """Every child's ``CONCIERGE_SERVICE_SECRET`` and ``CONCIERGE_ADMIN_TOKEN``; kept in ``secrets.json`` (0600)."""
+    fronts: tuple[Front, ...] = ()
+    """One per scaled service (``layout.plan_fronts``): what its peers' ``*_URL`` name."""
 
 
 def describe_exit(code: int | None) -> str:
@@ -123,10 +128,14 @@ def child_env(config: SupervisorConfig) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["REDIS_URL"] = config.redis.url
     env["CONCIERGE_DATA_DIR"] = str(config.paths.root)
+    host = connect_host(config.host)
     for spec in SERVICES.values():
+        front = next((f for f in config.fronts if f.service == spec.name), None)
         first = next((i for i in config.instances if i.service == spec.name), None)
-        if first is not None:
-            env[spec.url_env] = first.url(connect_host(config.host))
+        if front is not None:
+            env[spec.url_env] = front.url(host)
+        elif first is not None:
+            env[spec.url_env] = first.url(host)
     return env
 
 
@@ -214,6 +223,10 @@ class Supervisor:
         env = child_env(config)
         self.children = [self._service_child(instance, env) for instance in config.instances]
         self.redis_child = self._redis_child(env) if config.redis.own else None
+        self.balancers = [
+            Balancer(front, config.host, connect_host(config.host), self._ports_up(front.service))
+            for front in config.fronts
+        ]
         self._streamer = (
             LogStreamer([(c.name, c.log_path) for c in self._all_children()], out=self._out)
             if config.echo_logs
@@ -246,6 +259,15 @@ class Supervisor:
 
         return _Child("redis", argv, env, self.paths.log_file("redis"), ready)
 
+    def _ports_up(self, service: str) -> Callable[[], list[int]]:
+        """The ports of ``service``'s replicas that are up now (what its front hands connections to)."""
+        replicas = [(c, c.instance) for c in self.children if c.instance is not None and c.instance.service == service]
+
+        def ports() -> list[int]:
+            return [instance.port for child, instance in replicas if child.status == "up" and child.pid is not None]
+
+        return ports
+
     def _all_children(self) -> list[_Child]:
         return ([self.redis_child] if self.redis_child else []) + self.children
 
@@ -272,6 +294,7 @@ class Supervisor:
             ready_after_s=self._ready_after,
             data_dir=str(self.paths.root),
             key_prefix=self.config.base_env.get("CONCIERGE_KEY_PREFIX") or get_settings().key_prefix,
+            fronts={f.service: f.url(connect_host(self.config.host)) for f in self.config.fronts},
         )
 
     def _changed(self) -> None:
@@ -320,6 +343,14 @@ class Supervisor:
             write_secrets(self.paths, self.config.secrets)  # before any child: `fault` may ask as soon as one is up
             self._install_signal_handlers()
             server = await self._serve_control()
+            for balancer in self.balancers:
+                try:
+                    await balancer.start()
+                except OSError as exc:
+                    raise PortInUseError(
+                        f"port {balancer.front.port} (the front of {balancer.front.service}) is not available: "
+                        f"{exc.strerror}; choose other ports with --port-base / --port"
+                    ) from None
             if self._streamer is not None:
                 background.append(asyncio.create_task(self._streamer.run(), name="log-streamer"))
             self._changed()
@@ -339,6 +370,8 @@ class Supervisor:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            for balancer in self.balancers:
+                await balancer.close()
             await self._last_state(writer)
             await self._http.aclose()
             if self._redis_client is not None:

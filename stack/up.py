@@ -40,7 +40,7 @@ from stack.console import (
 )
 from stack.control import supervisor_running
 from stack.errors import PortInUseError, StackAlreadyRunningError, StartupError
-from stack.layout import Instance, parse_assignments, plan_instances
+from stack.layout import Front, Instance, parse_assignments, plan_fronts, plan_instances
 from stack.logstream import last_line
 from stack.redis_server import plan_redis, redact
 from stack.state import StackPaths, StackSecrets, is_stack_process, pid_alive, read_state
@@ -112,11 +112,12 @@ def _up(args: argparse.Namespace) -> int:
         raise StackAlreadyRunningError(
             f"a stack is already running from {paths.root} (supervisor pid {pid}); `concierge down` first"
         )
+    fronts = plan_fronts(instances)
     _check_leftovers(paths)
-    _check_ports(instances, args.host)
+    _check_ports(instances, fronts, args.host)
     if args.detach:
         return _detach(args, paths)
-    config = asyncio.run(_config(args, paths, instances, echo_logs=not args._daemon))
+    config = asyncio.run(_config(args, paths, instances, fronts, echo_logs=not args._daemon))
     if not args._daemon:
         print(f"concierge: starting {len(instances)} services from {paths.root} (Ctrl-C stops them)", flush=True)
     code = asyncio.run(Supervisor(config).run())
@@ -127,7 +128,12 @@ def _up(args: argparse.Namespace) -> int:
 
 
 async def _config(
-    args: argparse.Namespace, paths: StackPaths, instances: tuple[Instance, ...], *, echo_logs: bool
+    args: argparse.Namespace,
+    paths: StackPaths,
+    instances: tuple[Instance, ...],
+    fronts: tuple[Front, ...],
+    *,
+    echo_logs: bool,
 ) -> SupervisorConfig:
     settings = get_settings()
     redis = await plan_redis(settings.redis_url)
@@ -147,6 +153,7 @@ async def _config(
         echo_logs=echo_logs,
         checkpointer=checkpointer,
         secrets=StackSecrets.from_env_or_new(os.environ),
+        fronts=fronts,
     )
 
 
@@ -163,16 +170,17 @@ def _check_leftovers(paths: StackPaths) -> None:
         )
 
 
-def _check_ports(instances: Sequence[Instance], host: str) -> None:
-    for instance in instances:
+def _check_ports(instances: Sequence[Instance], fronts: Sequence[Front], host: str) -> None:
+    wanted = [(i.port, i.name) for i in instances] + [(f.port, f"the front of {f.service}") for f in fronts]
+    for port, name in wanted:
         with socket.socket() as sock:
             # as uvicorn binds: a port in TIME_WAIT from a previous run is free
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind((host, instance.port))
+                sock.bind((host, port))
             except OSError as exc:
                 raise PortInUseError(
-                    f"port {instance.port} ({instance.name}) is not available on {host}: {exc.strerror}; "
+                    f"port {port} ({name}) is not available on {host}: {exc.strerror}; "
                     "stop what uses it or choose other ports with --port-base / --port"
                 ) from None
 

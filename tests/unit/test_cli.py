@@ -4,6 +4,7 @@ backoff, the state file, status rendering and log streaming. No network; the few
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import io
 import os
@@ -20,7 +21,7 @@ from stack.book import booking_body, steps_between
 from stack.cli import main
 from stack.down import stop_stack
 from stack.errors import StackNotRunningError, UsageError
-from stack.layout import parse_assignments, plan_instances, select_instances
+from stack.layout import parse_assignments, plan_fronts, plan_instances, select_instances
 from stack.logstream import LogStreamer
 from stack.ops import fault_body
 from stack.redis_server import RedisPlan
@@ -91,6 +92,26 @@ def test_replicas_keep_the_first_port_and_take_consecutive_ones_after_the_stack(
     ]
     assert ports["booking-agent:3"] == ports["booking-agent:2"] + 1
     assert len(set(ports.values())) == len(ports)
+
+
+def test_a_scaled_service_gets_a_front_after_every_instance_and_its_peers_are_sent_there() -> None:
+    instances = plan_instances(scale={"search-agent": 2, "booking-agent": 2})
+    fronts = {f.service: f.port for f in plan_fronts(instances)}
+    top = max(i.port for i in instances)
+    assert fronts == {"search-agent": top + 1, "booking-agent": top + 2}
+    assert plan_fronts(plan_instances()) == ()
+    config = SupervisorConfig(
+        paths=StackPaths.at("/nonexistent"),
+        instances=instances,
+        redis=RedisPlan(url="redis://127.0.0.1:1/0", own=False),
+        command=("concierge",),
+        base_env={},
+        fronts=plan_fronts(instances),
+    )
+    env = child_env(config)
+    assert env["SEARCH_AGENT_URL"] == f"http://127.0.0.1:{top + 1}"
+    assert env["BOOKING_AGENT_URL"] == f"http://127.0.0.1:{top + 2}"
+    assert env["PAYMENT_AGENT_URL"] == f"http://127.0.0.1:{SERVICES['payment-agent'].port}"  # one replica: itself
 
 
 def test_colliding_or_impossible_ports_are_usage_errors() -> None:
@@ -326,6 +347,17 @@ def test_status_shows_restarts_open_breakers_queue_and_bookings() -> None:
     assert "2/10" in text
     assert "depth 4/100" in text and "DLQ 2" in text
     assert "in flight 5" in text
+
+
+def test_fronts_are_kept_in_the_state_and_shown_by_status(tmp_path: Path) -> None:
+    paths = StackPaths.at(tmp_path)
+    state = dataclasses.replace(
+        _state(supervisor_pid=os.getpid(), pid=123), fronts={"search-agent": "http://127.0.0.1:8025"}
+    )
+    write_state(paths, state)
+    assert read_state(paths) == state
+    text = render_report(StackReport(state=state, in_flight=0))
+    assert "front of search-agent: http://127.0.0.1:8025" in text
 
 
 def test_status_marks_what_did_not_answer() -> None:
