@@ -16,7 +16,7 @@
 - ``compensate`` shows the booking ``compensating``; then ``release_hold`` (cancel the hold) and ``refund`` (whatever
   the reference captured) run side by side, each on a detached budget because they must finish even when the
   booking ran out of time. One that fails raises: the run fails and recovery retries it, backing off for as long as
-  its dependency is down. Only when both are done does the booking show ``failed``.
+  its dependency is down. Only when both are done does the booking show ``failed`` (or ``cancelled``).
 
 Side-effect nodes are ``@traced_node(@idempotent_node(...))`` and send ``idempotency_key()`` downstream, so a
 resumed run (after a crash, from the last checkpoint) never holds a room or charges a card twice. The graph runs
@@ -89,7 +89,7 @@ class BookingState(TypedDict, total=False):
     status: str
     error: dict[str, str] | None
     cancelled: bool
-    """A step found the booking's cancel flag and did nothing: the saga compensates and ends ``cancelled``."""
+    """The booking's cancel flag was found (by ``search``, ``confirm`` or an edge): it compensates, ends ``cancelled``."""
 
 
 class Peer(Protocol):
