@@ -265,15 +265,24 @@ def test_an_unknown_booking_answers_404(stack: Stack) -> None:
     assert by_cli.stderr == "concierge cancel: no booking no-such-booking\n"
 
 
-def test_cancel_then_kill_the_owner_still_ends_cancelled_with_the_ledgers_clean(stack: Stack) -> None:
-    stack.fault("payment-api", latency_s=3.0)
-    booking_id = book(stack, days_ahead=125)
-    wait_for_status(stack, booking_id, {"paying"})
+@pytest.mark.parametrize(
+    ("index", "status", "slow_provider"),
+    [(0, "reserving", "hotel-api"), (1, "paying", "payment-api")],
+    ids=["during_reserve", "during_charge"],
+)
+def test_cancel_then_kill_the_owner_still_ends_cancelled_with_the_ledgers_clean(
+    stack: Stack, index: int, status: str, slow_provider: str
+) -> None:
+    """The step the owner was killed in runs again in the recovery worker (replayed: the provider answers from its
+    idempotency record), and the edge after it finds the flag: what the step did is undone."""
+    stack.fault(slow_provider, latency_s=3.0)
+    booking_id = book(stack, days_ahead=125 + index)
+    wait_for_status(stack, booking_id, {status})
 
     assert cancel(stack, booking_id).status_code == 202
     stack.services["booking-agent"].kill()
-    assert in_redis(stack, booking_id)["status"] == "paying", "killed in the charge, the cancel not acted on yet"
-    stack.fault("payment-api")
+    assert in_redis(stack, booking_id)["status"] == status, "killed in the step, the cancel not acted on yet"
+    stack.fault(slow_provider)
 
     deadline = time.monotonic() + END_TIMEOUT_S
     while in_redis(stack, booking_id)["status"] != "cancelled":  # booking-agent is dead: the worker ends it
