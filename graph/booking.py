@@ -4,8 +4,8 @@
 
     START → search → reserve → charge → confirm → finish → END
               │         │         │         │
-              └─────────┴─────────┴─────────┴──(error)──▶ compensate ─┬─▶ release_hold ─┬─▶ finish
-                                                                        └─▶ refund ───────┘
+              └─────────┴─────────┴─────────┴─(error, cancel)─▶ compensate ─┬─▶ release_hold ─┬─▶ finish
+                                                                              └─▶ refund ───────┘
 
 - ``search``: checks the stay, asks search-agent over A2A (``search_hotels``, ``policy_for("search_agent")``) and
   keeps the candidates: the requested ``hotel_id``, or up to three cheapest offers within ``max_price_per_night``.
@@ -16,7 +16,7 @@
 - ``compensate`` shows the booking ``compensating``; then ``release_hold`` (cancel the hold) and ``refund`` (whatever
   the reference captured) run side by side, each on a detached budget because they must finish even when the
   booking ran out of time. One that fails raises: the run fails and recovery retries it, backing off for as long as
-  its dependency is down. Only when both are done does the booking show ``failed``.
+  its dependency is down. Only when both are done does the booking show ``failed`` (or ``cancelled``).
 
 Side-effect nodes are ``@traced_node(@idempotent_node(...))`` and send ``idempotency_key()`` downstream, so a
 resumed run (after a crash, from the last checkpoint) never holds a room or charges a card twice. The graph runs
@@ -24,6 +24,14 @@ with ``durability="sync"``: a step's checkpoint is written before the next step 
 
 Errors that answer the booking (no rooms, declined card, provider down, out of time) become ``error`` in the state
 and route to ``compensate``. Anything else (Redis down, a bug) raises: the run fails, recovery retries it.
+
+Cancel (``POST /bookings/{id}/cancel`` sets a durable flag on the booking record): every edge out of ``search``,
+``reserve`` and ``charge`` asks for it and routes to ``compensate`` when it is set; ``search`` also asks before it
+starts, and ``confirm`` passes the point of no return (``BookingStore.commit``) only without it. ``compensate``
+without an error marks the run ``cancelled`` and ``finish`` writes that. Whichever process runs the saga (the owner,
+or the recovery worker resuming it after a crash) stops at the next step boundary the same way. A step with a side
+effect is never skipped on the way in: after a crash it may have acted already, and only its idempotent replay
+learns what it did (the hold to release, the charge to refund). See docs/cancel.md.
 """
 
 from __future__ import annotations
@@ -80,6 +88,8 @@ class BookingState(TypedDict, total=False):
     charge_attempted: bool
     status: str
     error: dict[str, str] | None
+    cancelled: bool
+    """The booking's cancel flag was found (by ``search``, ``confirm`` or an edge): it compensates, ends ``cancelled``."""
 
 
 class Peer(Protocol):
@@ -143,6 +153,15 @@ def classify(exc: BaseException) -> dict[str, Any]:
     return failure(answer.code, answer.message)
 
 
+CANCELLED: dict[str, Any] = {"cancelled": True}
+"""What ``search`` and ``confirm`` return instead of doing their work once the booking's cancel was requested."""
+
+
+async def cancel_requested(deps: BookingDeps, state: BookingState) -> bool:
+    """Whether the booking's cancel was requested: asked at every step boundary (see the module docstring)."""
+    return await deps.bookings.cancel_requested(state["booking_id"])
+
+
 def progress(deps: BookingDeps, state: BookingState, status: BookingStatus) -> None:
     # in the background and in order: the step's own calls need not wait for a status people read
     deps.bookings.report(state["booking_id"], status)
@@ -153,6 +172,8 @@ def progress(deps: BookingDeps, state: BookingState, status: BookingStatus) -> N
 
 
 async def search(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    if await cancel_requested(deps, state):
+        return CANCELLED
     try:
         validate_stay(state["checkin"], state["checkout"], state["guests"])
     except InvalidStayError as exc:
@@ -232,6 +253,9 @@ async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDe
 
 
 async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    # the point of no return: from here a cancel answers 409 already_final; before it, the cancel wins
+    if not await deps.bookings.commit(state["booking_id"]):
+        return CANCELLED
     progress(deps, state, BookingStatus.CONFIRMING)
     await deps.payment_tokens.drop(state["booking_id"])  # charged: the token is not needed any more
     try:
@@ -247,7 +271,8 @@ async def compensate(state: BookingState, config: RunnableConfig, *, deps: Booki
     # no side effect: says the booking is being undone, then release_hold and refund run side by side
     progress(deps, state, BookingStatus.COMPENSATING)
     await deps.payment_tokens.drop(state["booking_id"])  # no charge will be made any more
-    return {}
+    # only an error or a cancel leads here: without an error, the edge found the booking's cancel flag
+    return {} if state.get("error") else CANCELLED
 
 
 async def release_hold(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
@@ -275,12 +300,16 @@ async def refund(state: BookingState, config: RunnableConfig, *, deps: BookingDe
 
 async def finish(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
     error = state.get("error")
-    status = BookingStatus.FAILED if error else BookingStatus.CONFIRMED
+    if state.get("cancelled"):
+        status = BookingStatus.CANCELLED
+    else:
+        status = BookingStatus.FAILED if error else BookingStatus.CONFIRMED
     store = deps.bookings
     await store.flush(state["booking_id"])  # "confirming" before "confirmed", never after
-    await store.update(
+    # ``failed`` becomes ``cancelled`` when a cancel was requested meanwhile (the store decides, atomically)
+    ended, written = await store.finalize(
         state["booking_id"],
-        status=status,
+        status,
         hotel_id=state.get("hotel_id"),
         hotel_name=state.get("hotel_name"),
         total_price=state.get("total_price"),
@@ -289,7 +318,14 @@ async def finish(state: BookingState, config: RunnableConfig, *, deps: BookingDe
         payment_id=state.get("payment_id"),
         error=error,
     )
-    return {"status": status}
+    if written and ended == BookingStatus.CANCELLED:
+        booking_cancelled(state)
+    return {"status": ended or status}
+
+
+def booking_cancelled(state: BookingState) -> None:
+    """The booking ended ``cancelled``: its hold released, anything captured refunded. Called once, by ``finish``."""
+    logger.info("booking %s cancelled", state["booking_id"])
 
 
 # (name, step, key_fields of its idempotency record; None: no side effect, no record)
@@ -305,10 +341,16 @@ STEPS: tuple[tuple[str, Any, list[str] | None], ...] = (
 )
 
 
-def _next_or_compensate(next_node: str) -> Any:
-    # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup
+def _next_or_compensate(deps: BookingDeps, next_node: str, *, ask_cancel: bool) -> Any:
+    # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup.
+    # The decision is checkpointed with the step it follows: the step boundary where a cancelled run stops. After
+    # ``confirm`` there is nothing to ask: it passed the commit (no cancel can follow) or returned ``cancelled``.
     async def route(state: BookingState) -> str:
-        return "compensate" if state.get("error") else next_node
+        if state.get("error") or state.get("cancelled"):
+            return "compensate"
+        if ask_cancel and await cancel_requested(deps, state):
+            return "compensate"
+        return next_node
 
     return route
 
@@ -325,7 +367,8 @@ def build_booking_graph(
     builder.add_edge(START, "search")
     chain = ["search", "reserve", "charge", "confirm", "finish"]
     for current, following in itertools.pairwise(chain):
-        builder.add_conditional_edges(current, _next_or_compensate(following), [following, "compensate"])
+        route = _next_or_compensate(deps, following, ask_cancel=current != "confirm")
+        builder.add_conditional_edges(current, route, [following, "compensate"])
     # both undo steps run in one super-step: one that fails (its provider is down) is retried on its own, the other's
     # result is already in the checkpoint
     builder.add_edge("compensate", "release_hold")
