@@ -82,6 +82,11 @@ return ARGV[1]
 """)
 
 
+def booking_key(booking_id: str, *, prefix: str | None = None) -> str:
+    """The Redis key of a booking's record (a hash)."""
+    return key(BOOKINGS_TAG, "booking", booking_id, prefix=prefix)
+
+
 class BookingStore:
     def __init__(self, redis: Redis, *, idempotency_ttl_s: int = 24 * 3600) -> None:
         self._redis = redis
@@ -97,11 +102,11 @@ class BookingStore:
     @staticmethod
     def record_prefix() -> str:
         """What every booking record's key starts with (the booking id follows)."""
-        return key(BOOKINGS_TAG, "booking", "")
+        return booking_key("")
 
     @staticmethod
     def _key(booking_id: str) -> str:
-        return key(BOOKINGS_TAG, "booking", booking_id)
+        return booking_key(booking_id)
 
     @staticmethod
     def _inflight_key() -> str:
