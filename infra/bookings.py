@@ -135,9 +135,10 @@ class BookingStore:
         """Move a booking forward; False if it is already final (or unknown)."""
         fields["updated_at"] = time.time()
         final = "1" if fields.get("status") in FINAL_BOOKING_STATUSES else "0"
-        reply = await _UPDATE(
-            self._redis, keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)]
-        )
+        # a final status is durable: the checkpoint after ``finish`` says the run needs nothing more, so a failover
+        # that forgot this write would leave the booking unfinished for good
+        keys = [self._key(booking_id), self._inflight_key()]
+        reply = await _UPDATE(self._redis, keys=keys, args=[final, *_flatten(fields)], durable=final == "1")
         updated = int(reply[0]) == 1
         waiters = self._waiters.get(booking_id)
         if final == "1" and waiters:

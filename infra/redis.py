@@ -246,7 +246,7 @@ class RedisScript:
         sha = self.sha
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
-            pipe.evalsha(sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
             pipe.execute_command("WAIT", wanted, timeout_ms, **({"target_nodes": node} if node is not None else {}))
             try:
                 reply, acked = await pipe.execute()
