@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 samples[side] += asyncio.run(_block(stacks[side], options.clients, options.block, factory))
                 waits[side] = waits.get(side, 0) + _wait_calls(redis) - before
 
-    rows = {
+    rows: dict[str, dict[str, Any]] = {
         side: {
             "bookings": len(got),
             "confirmed": sum(1 for *_, status in got if status == "confirmed"),

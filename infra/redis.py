@@ -226,10 +226,11 @@ class RedisScript:
     ) -> Any:
         """``durable``: answer only once ``REDIS_WAIT_REPLICAS`` replicas have the write too (``WAIT``, bounded by
         ``REDIS_WAIT_TIMEOUT_MS``), for the writes a failover must not lose (docs/redis-ha.md)."""
-        node = client.get_node_from_key(keys[0]) if isinstance(client, RedisCluster) and keys else None
         wanted = get_settings().redis_wait_replicas
-        if durable and wanted and await replicas.count(client, node):
-            return await self._call_and_wait(client, node, wanted, keys, args)
+        if durable and wanted:
+            node = await _node_of(client, keys)
+            if await replicas.count(client, node):
+                return await self._call_and_wait(client, node, wanted, keys, args)
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -260,6 +261,14 @@ class RedisScript:
                 logger.warning("a write reached %s of %d replica(s) within %d ms", acked, wanted, timeout_ms)
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _node_of(client: RedisClient, keys: Sequence[str]) -> ClusterNode | None:
+    """The cluster node that owns the keys (whose replicas a WAIT must hear from); None for a single master."""
+    if not isinstance(client, RedisCluster) or not keys:
+        return None
+    await client.initialize()  # a fresh client knows no slot yet; a no-op once it does
+    return client.get_node_from_key(keys[0])
 
 
 class ReplicaCounts:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis
 
@@ -130,7 +130,7 @@ class SentinelTopology:
 
     def _sentinels_agree(self) -> bool:
         for sentinel in self.sentinels:
-            state = sentinel.client.sentinel_master(MASTER_NAME)
+            state: Any = sentinel.client.sentinel_master(MASTER_NAME)
             if int(state["num-other-sentinels"]) != 2 or int(state["num-slaves"]) != len(self.replicas):
                 return False
         return True

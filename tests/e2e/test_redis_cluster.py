@@ -127,7 +127,12 @@ def test_bookings_run_on_the_cluster_with_keys_on_several_masters(stack: Stack, 
     masters = [node for node in cluster.nodes if node.client.execute_command("ROLE")[0] == "master"]
     assert len(masters) == 3 and all(keys_by_port[node.port] for node in masters), keys_by_port
     slots = {
-        tag: {cluster.nodes[0].client.cluster_keyslot(k) for ks in keys_by_port.values() for k in ks if tag in k}
+        tag: {
+            cluster.nodes[0].client.execute_command("CLUSTER", "KEYSLOT", k)
+            for ks in keys_by_port.values()
+            for k in ks
+            if tag in k
+        }
         for tag in ("{bookings}", "{recovery}", "{hotel-api}", "{payment-api}")
     }
     assert all(len(found) == 1 for found in slots.values()), slots

@@ -81,9 +81,26 @@ class Load:
                 sequence += 1
                 checkin, checkout = stay(days_ahead=30 + (number * 97 + sequence * 13) % 300)
                 body = {"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2}
-                self._book(http, {**body, "payment_token": "tok_visa"}, f"load-{number}-{uuid.uuid4().hex}")
+                booking_id = self._book(
+                    http, {**body, "payment_token": "tok_visa"}, f"load-{number}-{uuid.uuid4().hex}"
+                )
+                self._until_final(http, booking_id)
 
-    def _book(self, http: httpx.Client, body: dict[str, Any], client_key: str) -> None:
+    def _until_final(self, http: httpx.Client, booking_id: str) -> None:
+        """A closed loop: the next booking once this one is final (or after a while: the test checks them all)."""
+        deadline = time.monotonic() + 60
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                response = http.get(f"{self.stack.url('booking-agent')}/bookings/{booking_id}", params={"wait": 5})
+            except httpx.HTTPError:
+                time.sleep(0.1)
+                continue
+            if response.status_code == 200 and response.json()["status"] in {"confirmed", "failed"}:
+                return
+            if response.status_code != 200:
+                time.sleep(0.1)
+
+    def _book(self, http: httpx.Client, body: dict[str, Any], client_key: str) -> str:
         # the same key until a 202: a request that died with the master may have been recorded, or not
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -98,7 +115,7 @@ class Load:
             if response.status_code == 202:
                 with self.lock:
                     self.accepted.append((sent, time.monotonic(), str(response.json()["booking_id"])))
-                return
+                return str(response.json()["booking_id"])
             self._refused(response.status_code)
             time.sleep(0.1)
         raise AssertionError(f"no 202 for {client_key} within 60 s (refusals so far: {dict(self.refused)})")
@@ -182,8 +199,10 @@ def test_killing_the_master_under_load_loses_no_accepted_booking(stack: Stack, t
     accepted = [booking_id for _, _, booking_id in load.accepted]
     finals = [stack.wait(booking_id, timeout=FINAL_WITHIN_S) for booking_id in accepted]
     statuses = Counter(booking["status"] for booking in finals)
+    why = Counter((booking.get("error") or {}).get("code") for booking in finals if booking["status"] == "failed")
     print(
-        f"\nsentinel failover: {len(accepted)} bookings accepted by {CLIENTS} clients ({dict(statuses)}); "
+        f"\nsentinel failover: {len(accepted)} bookings accepted by {CLIENTS} clients ({dict(statuses)}, failed: "
+        f"{dict(why)}); "
         f"refusals on the way {dict(load.refused)}; master killed → replica promoted {promoted - died:.2f} s, "
         f"→ first booking accepted again {back - died:.2f} s"
     )
