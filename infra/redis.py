@@ -30,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from infra.redis_url import RedisTarget, parse_redis_url
@@ -106,6 +106,26 @@ class SentinelRedis(Redis):
                 await client.aclose()
 
 
+class ClusterClient(RedisCluster):
+    """``RedisCluster`` whose "cannot reach the cluster" errors are ``ConnectionError`` ones, as a single server's are.
+
+    redis-py raises them as ``RedisClusterException``, which is no ``RedisError``: every boundary that turns Redis
+    failures into a 503 or a retry (``infra/error_table.py``, ``runs/errors.py``...) let them through as crashes.
+    """
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        try:
+            return await super().initialize(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise RedisConnectionError(str(exc)) from exc
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except SlotNotCoveredError as exc:  # the nodes serving that slot are gone: the cluster is (partly) down
+            raise RedisConnectionError(str(exc)) from exc
+
+
 # Options of a single server's pool that a cluster client does not take (it keeps its own connections per node).
 _POOL_ONLY = frozenset({"timeout", "retry_on_timeout", "max_connections"})
 
@@ -164,9 +184,9 @@ def _sentinel_master(target: RedisTarget, options: dict[str, Any]) -> SentinelRe
     return client
 
 
-def _cluster(target: RedisTarget, options: dict[str, Any]) -> RedisCluster:
+def _cluster(target: RedisTarget, options: dict[str, Any]) -> ClusterClient:
     cluster_options = {name: value for name, value in options.items() if name not in _POOL_ONLY}
-    return RedisCluster(
+    return ClusterClient(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
         max_connections=int(options["max_connections"]),
         username=target.username,

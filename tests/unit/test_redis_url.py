@@ -12,6 +12,8 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 from infra.redis import BoundedConnectionPool, SentinelRedis, create_redis, create_sync_redis
 from infra.redis_url import RedisTarget, parse_redis_url, redact_redis_url
 from infra.settings import Settings
+from stack.errors import RedisUnavailableError
+from stack.redis_server import plan_redis
 
 
 @pytest.mark.parametrize(
@@ -100,3 +102,10 @@ def test_redaction_hides_the_password_of_every_form() -> None:
     assert redact_redis_url("redis+sentinel://u:pw@h1:1,h2:2/m/0") == "redis+sentinel://u:***@h1:1,h2:2/m/0"
     assert redact_redis_url("redis+cluster://:pw@h1:1/0") == "redis+cluster://:***@h1:1/0"
     assert redact_redis_url("redis://h:1/0") == "redis://h:1/0"
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://127.0.0.1:1/main/0", "redis+cluster://127.0.0.1:1/0"])
+async def test_concierge_up_does_not_stand_in_for_an_unreachable_sentinel_or_cluster(url: str) -> None:
+    """A local redis-server in place of a high-availability deployment would hide the outage, and lose its data."""
+    with pytest.raises(RedisUnavailableError, match="is unreachable: start it"):
+        await plan_redis(url)
