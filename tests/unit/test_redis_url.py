@@ -3,6 +3,8 @@ REDIS_URL (not a traceback from deep inside redis-py at the first command)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -11,7 +13,8 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 
 from infra.redis import BoundedConnectionPool, SentinelRedis, create_redis, create_sync_redis
 from infra.redis_url import RedisTarget, parse_redis_url, redact_redis_url
-from infra.settings import Settings
+from infra.settings import Settings, get_settings
+from stack.dlq import redis_command
 from stack.errors import RedisUnavailableError
 from stack.redis_server import plan_redis
 
@@ -109,3 +112,29 @@ async def test_concierge_up_does_not_stand_in_for_an_unreachable_sentinel_or_clu
     """A local redis-server in place of a high-availability deployment would hide the outage, and lose its data."""
     with pytest.raises(RedisUnavailableError, match="is unreachable: start it"):
         await plan_redis(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://127.0.0.1:26379", "invalid configuration: REDIS_URL: Value error, redis+sentinel:// needs"),
+        ("redis+cluster://127.0.0.1:1/0", "Redis at redis+cluster://127.0.0.1:1/0 is unreachable or failing"),
+        ("redis+sentinel://:pw@127.0.0.1:1/main/0", "Redis at redis+sentinel://:***@127.0.0.1:1/main/0 is unreachable"),
+    ],
+)
+def test_an_operator_command_explains_a_bad_or_unreachable_url_in_one_line(
+    url: str, says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("REDIS_URL", url)
+    get_settings.cache_clear()
+    try:
+        code = redis_command("dlq list", _never_called)(argparse.Namespace())
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and err.startswith("concierge dlq list: ") and says in err, err
+
+
+async def _never_called(args: argparse.Namespace, redis: object, out: object) -> int:
+    await redis.ping()  # type: ignore[attr-defined]
+    raise AssertionError("the command ran against an unreachable Redis")
