@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from infra.redis import create_sync_redis
 from tests.procs import HOST, Processes, ServiceProcess, free_port
 from tests.stack import CORE, TEST_DATABASE_URL, Stack, fresh_database
 
@@ -121,10 +122,8 @@ def write_results(path: Path, result: Mapping[str, Any]) -> None:
 
 def _delete_prefixed_keys(redis_url: str, prefix: str) -> None:
     """Best effort: the bench's Redis may be shared, but a failure here must not hide the run's own error."""
-    import redis
-
-    with contextlib.suppress(Exception), contextlib.closing(redis.Redis.from_url(redis_url)) as client:
-        batch: list[bytes] = []
+    with contextlib.suppress(Exception), contextlib.closing(create_sync_redis(redis_url)) as client:
+        batch: list[str] = []
         for name in client.scan_iter(match=f"{prefix}:*", count=1000):
             batch.append(name)
             if len(batch) >= 1000:

@@ -44,9 +44,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import redis as redis_sync
-
 from bench._stack import percentiles, service_stack
+from infra.bookings import booking_key
+from infra.redis import create_sync_redis
 from infra.settings import Settings
 from runs.leases import run_key
 from tests.stack import CORE, Stack, stay
@@ -81,13 +81,13 @@ class Bench:
     def __init__(self, stack: Stack, args: argparse.Namespace) -> None:
         self.stack = stack
         self.args = args
-        self.redis = redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+        self.redis = create_sync_redis(stack.env["REDIS_URL"])
         self.rng = random.Random(args.seed)
         self.next_day = 200
         self.booked: list[str] = []
 
     def status(self, booking_id: str) -> str:
-        return str(self.redis.hget(f"{self.stack.prefix}:booking:{booking_id}", "status") or "missing")
+        return str(self.redis.hget(booking_key(booking_id, prefix=self.stack.prefix), "status") or "missing")
 
     def fence(self, booking_id: str) -> int:
         return int(self.redis.hget(run_key(booking_id, prefix=self.stack.prefix), "fence") or 0)

@@ -55,6 +55,10 @@ PUBLIC_FIELDS: Final = (
 FALLBACK_POLL_S: Final = 0.25
 FALLBACK_POLL_MAX_S: Final = 1.0
 _JSON_FIELDS: Final = frozenset({"error", "guests", "total_price"})
+BOOKINGS_TAG: Final = "{bookings}"
+"""Redis Cluster hash tag of every key of a booking's acceptance (record, in-flight index, client key, payment
+token): one slot, so the scripts that touch two of them run on a cluster, and one ``WAIT`` after the acceptance's
+last write covers them all (docs/redis-ha.md)."""
 
 # Creates the record only once; a second create (a retried request, a racing replica) changes nothing.
 _CREATE = RedisScript("""
@@ -118,6 +122,11 @@ return ARGV[1]
 """)
 
 
+def booking_key(booking_id: str, *, prefix: str | None = None) -> str:
+    """The Redis key of a booking's record (a hash)."""
+    return key(BOOKINGS_TAG, "booking", booking_id, prefix=prefix)
+
+
 class CancelOutcome(StrEnum):
     """What ``BookingStore.request_cancel`` found and did."""
 
@@ -145,15 +154,20 @@ class BookingStore:
         self._reports: dict[str, asyncio.Task[None]] = {}
 
     @staticmethod
+    def record_prefix() -> str:
+        """What every booking record's key starts with (the booking id follows)."""
+        return booking_key("")
+
+    @staticmethod
     def _key(booking_id: str) -> str:
-        return key("booking", booking_id)
+        return booking_key(booking_id)
 
     @staticmethod
     def _inflight_key() -> str:
-        return key("bookings", "inflight")
+        return key(BOOKINGS_TAG, "inflight")
 
     async def create(self, booking_id: str, request: Mapping[str, Any]) -> bool:
-        """Record a new booking as ``pending``; False when it already exists."""
+        """Record a new booking as ``pending``, on the replicas too; False when it already exists."""
         now = time.time()
         fields: dict[str, Any] = {
             "booking_id": booking_id,
@@ -167,15 +181,18 @@ class BookingStore:
             "updated_at": now,
         }
         args = [now, *_flatten(fields)]
-        return bool(await _CREATE(self._redis, keys=[self._key(booking_id), self._inflight_key()], args=args))
+        # durable: the last write before the 202; replicas that have it have everything written before it too
+        keys = [self._key(booking_id), self._inflight_key()]
+        return bool(await _CREATE(self._redis, keys=keys, args=args, durable=True))
 
     async def update(self, booking_id: str, **fields: Any) -> bool:
         """Move a booking forward; False if it is already final (or unknown)."""
         fields["updated_at"] = time.time()
         final = "1" if fields.get("status") in FINAL_BOOKING_STATUSES else "0"
-        reply = await _UPDATE(
-            self._redis, keys=[self._key(booking_id), self._inflight_key()], args=[final, *_flatten(fields)]
-        )
+        # a final status is durable: the checkpoint after ``finish`` says the run needs nothing more, so a failover
+        # that forgot this write would leave the booking unfinished for good
+        keys = [self._key(booking_id), self._inflight_key()]
+        reply = await _UPDATE(self._redis, keys=keys, args=[final, *_flatten(fields)], durable=final == "1")
         updated = int(reply[0]) == 1
         waiters = self._waiters.get(booking_id)
         if final == "1" and waiters:
@@ -196,8 +213,9 @@ class BookingStore:
             raise ValueError(f"not a final status: {status!r}")
         fields["status"] = status
         fields["updated_at"] = time.time()
+        # durable: see ``update``
         reply = await _UPDATE(
-            self._redis, keys=[self._key(booking_id), self._inflight_key()], args=["1", *_flatten(fields)]
+            self._redis, keys=[self._key(booking_id), self._inflight_key()], args=["1", *_flatten(fields)], durable=True
         )
         outcome = int(reply[0])
         if outcome == -1:
@@ -217,7 +235,10 @@ class BookingStore:
 
         Returns what was found and done, and the status the booking had. The one place a cancel is recorded.
         """
-        outcome, status = await _REQUEST_CANCEL(self._redis, keys=[self._key(booking_id)], args=[time.time()])
+        # durable: a 202 promises the cancel, so a failover must not forget the flag
+        outcome, status = await _REQUEST_CANCEL(
+            self._redis, keys=[self._key(booking_id)], args=[time.time()], durable=True
+        )
         found = CancelOutcome(text(outcome))
         if found is CancelOutcome.REQUESTED:
             logger.info("booking %s: cancel requested (was %s)", booking_id, text(status))
@@ -318,7 +339,9 @@ class BookingStore:
         Returns the booking id the key belongs to and whether the stored body matches this one.
         """
         stored = await _CLAIM_KEY(
-            self._redis, keys=[key("booking-key", client_key)], args=[f"{booking_id}:{body_hash}", self._ttl]
+            self._redis,
+            keys=[key(BOOKINGS_TAG, "booking-key", client_key)],
+            args=[f"{booking_id}:{body_hash}", self._ttl],
         )
         bound_id, _, bound_hash = text(stored).partition(":")
         return bound_id, bound_hash == body_hash
@@ -328,7 +351,7 @@ class BookingStore:
 
         For a door that cannot take a new booking now but still owes a retried request the booking it has.
         """
-        stored = await self._redis.get(key("booking-key", client_key))
+        stored = await self._redis.get(key(BOOKINGS_TAG, "booking-key", client_key))
         if stored is None:
             return None
         bound_id, _, bound_hash = text(stored).partition(":")

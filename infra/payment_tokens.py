@@ -12,6 +12,7 @@ from typing import Final
 
 from redis.asyncio import Redis
 
+from infra.bookings import BOOKINGS_TAG
 from infra.redis import key, text
 
 __all__ = ["TOKEN_TTL_S", "PaymentTokens"]
@@ -27,7 +28,7 @@ class PaymentTokens:
 
     @staticmethod
     def _key(booking_id: str) -> str:
-        return key("payment-token", booking_id)
+        return key(BOOKINGS_TAG, "payment-token", booking_id)  # with the booking: see BOOKINGS_TAG
 
     async def put(self, booking_id: str, token: str) -> None:
         await self._redis.set(self._key(booking_id), token, ex=self._ttl_s)

@@ -9,15 +9,21 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infra.redis_url import parse_redis_url
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, extra="ignore", case_sensitive=False)
 
     # storage
-    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias="REDIS_URL",
+        description="One server (redis://), a Sentinel master (redis+sentinel://) or a Cluster (redis+cluster://).",
+    )
     redis_max_connections: int = Field(
         100,
         validation_alias="REDIS_MAX_CONNECTIONS",
@@ -29,6 +35,21 @@ class Settings(BaseSettings):
         validation_alias="REDIS_POOL_TIMEOUT",
         gt=0,
         description="How long a command waits for a free pooled connection before failing (dependency_unavailable).",
+    )
+    redis_wait_replicas: int = Field(
+        1,
+        validation_alias="REDIS_WAIT_REPLICAS",
+        ge=0,
+        description=(
+            "Replicas a promised write (a booking's acceptance, a provider's side effect) waits for with WAIT before "
+            "it is answered, when the master has replicas at all; 0 never waits (docs/redis-ha.md)."
+        ),
+    )
+    redis_wait_timeout_ms: int = Field(
+        500,
+        validation_alias="REDIS_WAIT_TIMEOUT_MS",
+        gt=0,
+        description="The longest a promised write waits for its replicas; past it the answer goes out (logged).",
     )
     database_url: str | None = Field(None, validation_alias="DATABASE_URL")
     key_prefix: str = Field("concierge", validation_alias="CONCIERGE_KEY_PREFIX", min_length=1)
@@ -93,6 +114,12 @@ class Settings(BaseSettings):
     # failing: it is retried, backing off up to RECOVERY_OUTAGE_MAX_DELAY, for this long before it counts as failed
     recovery_outage_horizon_s: float = Field(6 * 3600.0, validation_alias="RECOVERY_OUTAGE_HORIZON", gt=0)
     recovery_outage_max_delay_s: float = Field(30.0, validation_alias="RECOVERY_OUTAGE_MAX_DELAY", gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        parse_redis_url(value)  # ValueError → a settings error naming REDIS_URL
+        return value
 
 
 @lru_cache(maxsize=1)

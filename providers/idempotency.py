@@ -15,7 +15,7 @@ Why one script: two concurrent requests with the same key must not both execute.
 work and writing the record in one ``EVALSHA`` makes that atomic without locks. Each operation's Lua body follows
 ``_PRELUDE`` and ends with ``return finish(status, body_json)``. Keys always come in through ``KEYS``, record
 first, and all of one provider's keys share a hash tag (one Cluster slot). Records expire after
-``RECORD_TTL_S``.
+``RECORD_TTL_S``. The answer waits for a replica to have the record (``durable``, docs/redis-ha.md).
 """
 
 from __future__ import annotations
@@ -125,7 +125,10 @@ class IdempotentScript:
         args: Sequence[str | int | float] = (),
         ttl_s: int = RECORD_TTL_S,
     ) -> IdempotentOutcome:
-        reply = await self.script(redis, keys=[record_key, *keys], args=[request_fingerprint, ttl_s, *args])
+        # durable: the side effect and its record reach a replica before the caller hears of them, so a failover
+        # cannot forget a charge the caller was told about (a retry would charge again)
+        keys = [record_key, *keys]
+        reply = await self.script(redis, keys=keys, args=[request_fingerprint, ttl_s, *args], durable=True)
         kind, status, body = text(reply[0]), int(reply[1]), text(reply[2])
         if kind == "mismatch":
             raise IdempotencyKeyReusedError(

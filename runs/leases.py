@@ -263,6 +263,7 @@ class RunStore:
                 self._redis,
                 keys=[self.run_key(thread_id), self.index_key],
                 args=[thread_id, graph, payload, owner, self._ttl_ms],
+                durable=True,  # a run a failover forgot would never finish: on a replica before the 202
             )
         return RunLease(self, thread_id, owner, 1) if created == 1 else None
 

@@ -134,9 +134,11 @@ def _redis_url() -> tuple[str, subprocess.Popen[bytes] | None]:
     """``REDIS_URL``, else the local server when it answers, else a private ``redis-server`` (as the tests do)."""
     import redis
 
+    from infra.redis import create_sync_redis
+
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        create_sync_redis(url, socket_connect_timeout=1).ping()
         return url, None
     except redis.RedisError:
         if "REDIS_URL" in os.environ:
@@ -173,9 +175,9 @@ def _postgres_reachable(url: str) -> bool:
 
 def _forget(redis_url: str, prefix: str) -> None:
     """Delete the run's keys (the stack's own prefix) from a Redis that outlives it."""
-    import redis
+    from infra.redis import create_sync_redis
 
-    client = redis.Redis.from_url(redis_url)
+    client = create_sync_redis(redis_url)
     try:
         for batch in _batches(client.scan_iter(match=f"{prefix}:*", count=1000), 500):
             client.delete(*batch)

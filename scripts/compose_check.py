@@ -850,7 +850,9 @@ class Check:
         return self.engine.exec("redis", "redis-cli", "--raw", *command).stdout.strip()
 
     def booking_status_in_redis(self, booking_id: str) -> str:
-        return self.redis("HGET", f"concierge:booking:{booking_id}", "status")
+        return self.redis(
+            "HGET", f"concierge:{{bookings}}:booking:{booking_id}", "status"
+        )  # infra.bookings.booking_key
 
     def queue(self) -> dict[str, Any]:
         return dict(http("GET", f"{self.url('recovery-worker')}/health/queue"))

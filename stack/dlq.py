@@ -18,7 +18,6 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -27,6 +26,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from infra.redis import create_redis
+from infra.redis_url import redact_redis_url
 from infra.settings import get_settings
 from recovery.queue import DeadLetterQueue, DLQEntry, RecoveryQueue
 from runs.errors import RunStoreError
@@ -150,12 +150,7 @@ def _redis_location() -> str:
         url = get_settings().redis_url
     except ValidationError:
         return "REDIS_URL"
-    parts = urlsplit(url)
-    if parts.password:
-        host = parts.hostname or ""
-        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        parts = parts._replace(netloc=netloc)
-    return urlunsplit(parts)
+    return redact_redis_url(url)
 
 
 async def _server_now(redis: Redis) -> float:

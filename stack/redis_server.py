@@ -13,11 +13,12 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from redis.exceptions import RedisError
 
 from infra.redis import create_redis
+from infra.redis_url import parse_redis_url, redact_redis_url
 from stack.errors import RedisUnavailableError
 
 __all__ = [
@@ -51,13 +52,7 @@ class RedisPlan:
 
 def redact(url: str) -> str:
     """The URL without its password, for messages and the state file."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return redact_redis_url(url)
 
 
 async def redis_reachable(url: str, within_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -95,6 +90,9 @@ async def plan_redis(url: str) -> RedisPlan:
     """Use ``url`` if it answers; otherwise plan our own server; otherwise ``RedisUnavailableError``."""
     if await redis_reachable(url):
         return RedisPlan(url=url, own=False)
+    if parse_redis_url(url).kind != "single":
+        # a Sentinel or Cluster deployment is not something to stand in for with one local server
+        raise RedisUnavailableError(f"Redis at {redact(url)} is unreachable: start it, or point REDIS_URL elsewhere")
     executable = find_redis_server()
     if executable is None:
         raise RedisUnavailableError(

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus
 from infra.bookings import BookingStore
-from infra.redis import key, text
+from infra.redis import text
 from stack.console import Subparsers
 from stack.dlq import EXIT_FAILURE, EXIT_OK, CommandError, redis_command
 from stack.target import admin_token, provider_url
@@ -86,7 +86,7 @@ def register_verify(subparsers: Subparsers) -> None:
 
 
 async def _booking_statuses(redis: Redis) -> dict[str, str]:
-    prefix = key("booking", "")
+    prefix = BookingStore.record_prefix()
     ids = [text(raw)[len(prefix) :] async for raw in redis.scan_iter(match=f"{prefix}*", count=_SCAN_BATCH)]
     store = BookingStore(redis)
     statuses: dict[str, str] = {}

@@ -20,12 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as redis_sync
 
 from graph.booking import booking_input
-from infra.bookings import BookingStore
+from infra.bookings import BookingStore, booking_key
 from infra.payment_tokens import PaymentTokens
-from infra.redis import create_redis
+from infra.redis import create_redis, create_sync_redis
 from infra.settings import get_settings
 from runs.leases import RunStore, active_index_key, run_key
 from tests.procs import concierge_command
@@ -78,15 +77,15 @@ def cancel(stack: Stack, booking_id: str) -> httpx.Response:
 
 def in_redis(stack: Stack, booking_id: str) -> dict[str, str]:
     """The booking record without asking booking-agent (which may be dead)."""
-    client = redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+    client = create_sync_redis(stack.env["REDIS_URL"])
     try:
-        return dict(client.hgetall(f"{stack.prefix}:booking:{booking_id}"))  # type: ignore[arg-type]
+        return dict(client.hgetall(booking_key(booking_id, prefix=stack.prefix)))
     finally:
         client.close()
 
 
 def run_record(stack: Stack, booking_id: str) -> dict[str, str]:
-    client = redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+    client = create_sync_redis(stack.env["REDIS_URL"])
     try:
         return dict(client.hgetall(run_key(booking_id, prefix=stack.prefix)))  # type: ignore[arg-type]
     finally:
@@ -171,7 +170,7 @@ def test_cancel_before_search_of_a_run_no_process_runs_ends_cancelled_when_the_w
     assert response.status_code == 202, response.text
     assert response.json()["status"] == "pending" and response.json()["cancel_requested_at"]
     # the dead owner's lease runs out now rather than in 30 s: the orphan scanner hands the run to the worker
-    client = redis_sync.Redis.from_url(stack.env["REDIS_URL"])
+    client = create_sync_redis(stack.env["REDIS_URL"])
     try:
         client.hset(run_key(booking_id, prefix=stack.prefix), "lease_until", 0)
         client.zadd(active_index_key(prefix=stack.prefix), {booking_id: 0})

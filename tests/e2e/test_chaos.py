@@ -20,11 +20,11 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis as redis_sync
 
 from graph.booking import booking_input
+from infra.bookings import booking_key
 from infra.payment_tokens import PaymentTokens
-from infra.redis import create_redis, key
+from infra.redis import create_redis, create_sync_redis, key
 from infra.settings import get_settings
 from runs.leases import RECOVERY_TAG, RunStore, run_key
 from tests.procs import concierge_command
@@ -94,7 +94,7 @@ def wait_for_status(stack: Stack, booking_id: str, wanted: set[str], timeout: fl
 
 
 def run_record(stack: Stack, booking_id: str) -> dict[str, str]:
-    client = redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+    client = create_sync_redis(stack.env["REDIS_URL"])
     try:
         return dict(client.hgetall(run_key(booking_id, prefix=stack.prefix)))  # type: ignore[arg-type]
     finally:
@@ -103,16 +103,16 @@ def run_record(stack: Stack, booking_id: str) -> dict[str, str]:
 
 def booking_status_in_redis(stack: Stack, booking_id: str) -> str:
     """The booking's status without asking booking-agent (which may be dead)."""
-    client = redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+    client = create_sync_redis(stack.env["REDIS_URL"])
     try:
-        return str(client.hget(f"{stack.prefix}:booking:{booking_id}", "status"))
+        return str(client.hget(booking_key(booking_id, prefix=stack.prefix), "status"))
     finally:
         client.close()
 
 
 def waiting_in_queue(stack: Stack) -> set[str]:
     """Ids any consumer may take now: the waiting list, plus ids given back by a consumer that was stopping."""
-    client = redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+    client = create_sync_redis(stack.env["REDIS_URL"])
     try:
         waiting = client.lrange(key(RECOVERY_TAG, "queue", prefix=stack.prefix), 0, -1)
         given_back = client.zrange(key(RECOVERY_TAG, "queue", "delayed", prefix=stack.prefix), 0, -1)
