@@ -80,6 +80,7 @@ class Settings(BaseSettings):
     payment_agent_url: str = Field("http://127.0.0.1:8002", validation_alias="PAYMENT_AGENT_URL")
     hotel_api_url: str = Field("http://127.0.0.1:8010", validation_alias="HOTEL_API_URL")
     payment_api_url: str = Field("http://127.0.0.1:8011", validation_alias="PAYMENT_API_URL")
+    recovery_worker_url: str = Field("http://127.0.0.1:8020", validation_alias="RECOVERY_WORKER_URL")
     instance_id: str | None = Field(None, validation_alias="CONCIERGE_INSTANCE_ID")
 
     # recovery
