@@ -3,6 +3,8 @@
 ``POST /bookings`` validates, records the booking and its run (with a lease) in Redis, answers **202**, and runs
 the booking graph in a background task (thread id = booking id, budget ``BOOKING_BUDGET_S``). ``GET
 /bookings/{id}?wait=`` long-polls the outcome. The A2A skill ``book_hotel`` does both in one call.
+``POST /bookings/{id}/cancel`` sets the booking's cancel flag in Redis; whichever process runs the saga stops at its
+next step boundary, compensates and ends it ``cancelled`` (docs/cancel.md). Any replica answers any booking.
 
 Nothing is accepted that is not durable first: if this process dies after the 202, the run's lease expires and the
 recovery worker resumes it from its checkpoint. On SIGTERM the service stops taking bookings, stops its runs at the
@@ -32,6 +34,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from domain.booking import (
     MAX_GUESTS,
     MIN_GUESTS,
+    BookingFinalError,
     BookingStatus,
     ErrorCode,
     check_checkin,
@@ -41,7 +44,7 @@ from domain.booking import (
 from graph.booking import BookingDeps, booking_input, build_booking_graph, open_booking_deps
 from infra.a2a.server import Skill, mount_a2a
 from infra.a2a.wire import A2A_PATH
-from infra.bookings import BookingStore
+from infra.bookings import BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.service import create_service_app
 from infra.service.openapi import (
@@ -160,6 +163,8 @@ class BookingView(BaseModel):
     payment_id: str | None
     error: BookingError | None
     """Why a ``failed`` booking failed (an ``ErrorCode``)."""
+    cancel_requested_at: str | None = None
+    """When a cancel was asked for (the booking then ends ``cancelled``, or was past confirming already)."""
     created_at: str | None
     updated_at: str | None
 
@@ -376,6 +381,9 @@ async def create_booking(
     return Accepted(booking_id=booking_id, status=booking["status"] if booking else "pending")
 
 
+BookingId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
 @app.get(
     "/bookings/{booking_id}",
     responses={
@@ -387,13 +395,50 @@ async def create_booking(
     },
 )
 async def get_booking(
-    booking_id: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")],
+    booking_id: BookingId,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0,
 ) -> dict[str, Any]:
     store: BookingStore = app.state.booking.bookings
     booking = await store.wait_final(booking_id, wait) if wait > 0 else await store.get(booking_id)
     if booking is None:
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
+    return booking
+
+
+@app.post(
+    "/bookings/{booking_id}/cancel",
+    status_code=202,
+    responses={
+        200: {"model": BookingView, "description": "Already `cancelled`: nothing changed."},
+        202: {
+            "model": BookingView,
+            "description": "Cancel recorded (now, or by an earlier cancel): the run stops at its next step boundary, "
+            "releases the hold, refunds anything captured and ends `cancelled`.",
+        },
+        **answers(
+            detail(404, description="No booking with this id."),
+            error(
+                409,
+                ErrorCode.ALREADY_FINAL,
+                description="The booking is `confirmed` or `failed`, or being confirmed (its confirm was sent): "
+                "nothing changed.",
+            ),
+        ),
+    },
+)
+async def cancel_booking(booking_id: BookingId, response: Response) -> dict[str, Any]:
+    store: BookingStore = app.state.booking.bookings
+    outcome, status = await store.request_cancel(booking_id)
+    if outcome is CancelOutcome.UNKNOWN:
+        raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
+    if outcome is CancelOutcome.TOO_LATE:
+        why = f"is {status}" if status in (BookingStatus.CONFIRMED, BookingStatus.FAILED) else "is being confirmed"
+        raise BookingFinalError(booking_id, str(status), f"booking {booking_id} {why}: it can no longer be cancelled")
+    booking = await store.get(booking_id)
+    if booking is None:  # expired in between
+        raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
+    if outcome is CancelOutcome.CANCELLED:
+        response.status_code = 200
     return booking
 
 

@@ -91,7 +91,7 @@ def booking_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: Bo
             )
 
     def give_up_update(state: Mapping[str, Any], last_error: str) -> dict[str, Any]:
-        if state.get("error"):
+        if state.get("error") or state.get("cancelled"):
             return {}  # already on its way to compensation: run that again as it stands
         update: dict[str, Any] = {
             "error": {"code": ErrorCode.PROVIDER_UNAVAILABLE.value, "message": f"recovery gave up: {last_error}"},

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_NIGHTS",
     "MIN_GUESTS",
     "PROGRESS",
+    "BookingFinalError",
     "BookingStatus",
     "ErrorCode",
     "InvalidStayError",
@@ -139,13 +140,16 @@ class BookingStatus(StrEnum):
     """Failed on the way; the hold is being released and any charge refunded (retried until done)."""
     CONFIRMED = "confirmed"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+    """Final: cancelled on request (``POST /bookings/{id}/cancel``), after the compensation released the hold and
+    refunded anything captured."""
 
     @property
     def is_final(self) -> bool:
         return self in FINAL_BOOKING_STATUSES
 
 
-FINAL_BOOKING_STATUSES: Final = frozenset({BookingStatus.CONFIRMED, BookingStatus.FAILED})
+FINAL_BOOKING_STATUSES: Final = frozenset({BookingStatus.CONFIRMED, BookingStatus.FAILED, BookingStatus.CANCELLED})
 PROGRESS: Final = (
     BookingStatus.PENDING,
     BookingStatus.SEARCHING,
@@ -154,7 +158,18 @@ PROGRESS: Final = (
     BookingStatus.CONFIRMING,
     BookingStatus.CONFIRMED,
 )
-"""The happy path, in order: a booking only moves forward along it (or, via ``compensating``, to ``failed``)."""
+"""The happy path, in order: a booking only moves forward along it (or, via ``compensating``, to ``failed`` or
+``cancelled``)."""
+
+
+class BookingFinalError(Exception):
+    """A cancel that comes too late: the booking is final, or past its point of no return (the confirm was sent)."""
+
+    def __init__(self, booking_id: str, status: str, message: str) -> None:
+        super().__init__(message)
+        self.booking_id = booking_id
+        self.status = status
+        self.message = message
 
 
 # ------------------------------------------------------------------------------------------------- error codes
@@ -185,6 +200,8 @@ class ErrorCode(StrEnum):
     """This service is at capacity; try again shortly."""
     UNAVAILABLE = "unavailable"
     """This service cannot serve right now (its own store or a resilience limit)."""
+    ALREADY_FINAL = "already_final"
+    """A cancel of a booking that is final already (or being confirmed): nothing changed."""
     INVALID_HEADER = "invalid_header"
     BODY_TOO_LARGE = "body_too_large"
     UNAUTHORIZED = "unauthorized"
@@ -210,6 +227,7 @@ _HTTP_STATUS: Final = {
     ErrorCode.OVERLOADED: 429,
     ErrorCode.BULKHEAD_FULL: 503,
     ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.ALREADY_FINAL: 409,
     ErrorCode.INVALID_HEADER: 400,
     ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.UNAUTHORIZED: 401,

@@ -24,6 +24,12 @@ with ``durability="sync"``: a step's checkpoint is written before the next step 
 
 Errors that answer the booking (no rooms, declined card, provider down, out of time) become ``error`` in the state
 and route to ``compensate``. Anything else (Redis down, a bug) raises: the run fails, recovery retries it.
+
+Cancel (``POST /bookings/{id}/cancel`` sets a durable flag on the booking record): ``search``, ``reserve`` and
+``charge`` ask for it before their work, ``confirm`` passes the point of no return (``BookingStore.commit``) only
+without it; a step that finds it does nothing and sets ``cancelled``, which routes to ``compensate`` like an error,
+and ``finish`` writes ``cancelled``. Whichever process runs the saga (the owner, the recovery worker resuming it
+after a crash) stops at the next step boundary the same way. See docs/cancel.md.
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class BookingState(TypedDict, total=False):
     charge_attempted: bool
     status: str
     error: dict[str, str] | None
+    cancelled: bool
+    """A step found the booking's cancel flag and did nothing: the saga compensates and ends ``cancelled``."""
 
 
 class Peer(Protocol):
@@ -143,6 +151,15 @@ def classify(exc: BaseException) -> dict[str, Any]:
     return failure(answer.code, answer.message)
 
 
+CANCELLED: dict[str, Any] = {"cancelled": True}
+"""What a step returns instead of doing its work once the booking's cancel was requested."""
+
+
+async def cancel_requested(deps: BookingDeps, state: BookingState) -> bool:
+    """Asked at the start of every step with an effect: the step boundary where a cancelled run stops."""
+    return await deps.bookings.cancel_requested(state["booking_id"])
+
+
 def progress(deps: BookingDeps, state: BookingState, status: BookingStatus) -> None:
     # in the background and in order: the step's own calls need not wait for a status people read
     deps.bookings.report(state["booking_id"], status)
@@ -153,6 +170,8 @@ def progress(deps: BookingDeps, state: BookingState, status: BookingStatus) -> N
 
 
 async def search(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    if await cancel_requested(deps, state):
+        return CANCELLED
     try:
         validate_stay(state["checkin"], state["checkout"], state["guests"])
     except InvalidStayError as exc:
@@ -179,6 +198,8 @@ async def search(state: BookingState, config: RunnableConfig, *, deps: BookingDe
 
 
 async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    if await cancel_requested(deps, state):
+        return CANCELLED
     progress(deps, state, BookingStatus.RESERVING)
     base_key = idempotency_key()
     last_error: BaseException | None = None
@@ -209,6 +230,8 @@ async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingD
 
 
 async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    if await cancel_requested(deps, state):
+        return {**CANCELLED, "charge_attempted": False}
     progress(deps, state, BookingStatus.PAYING)
     token = await deps.payment_tokens.get(state["booking_id"])
     if token is None:  # kept for days (TOKEN_TTL_S): only a booking resumed after that finds it gone
@@ -232,6 +255,9 @@ async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDe
 
 
 async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    # the point of no return: from here a cancel answers 409 already_final; before it, the cancel wins
+    if not await deps.bookings.commit(state["booking_id"]):
+        return CANCELLED
     progress(deps, state, BookingStatus.CONFIRMING)
     await deps.payment_tokens.drop(state["booking_id"])  # charged: the token is not needed any more
     try:
@@ -275,12 +301,16 @@ async def refund(state: BookingState, config: RunnableConfig, *, deps: BookingDe
 
 async def finish(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
     error = state.get("error")
-    status = BookingStatus.FAILED if error else BookingStatus.CONFIRMED
+    if state.get("cancelled"):
+        status = BookingStatus.CANCELLED
+    else:
+        status = BookingStatus.FAILED if error else BookingStatus.CONFIRMED
     store = deps.bookings
     await store.flush(state["booking_id"])  # "confirming" before "confirmed", never after
-    await store.update(
+    # ``failed`` becomes ``cancelled`` when a cancel was requested meanwhile (the store decides, atomically)
+    ended, written = await store.finalize(
         state["booking_id"],
-        status=status,
+        status,
         hotel_id=state.get("hotel_id"),
         hotel_name=state.get("hotel_name"),
         total_price=state.get("total_price"),
@@ -289,7 +319,14 @@ async def finish(state: BookingState, config: RunnableConfig, *, deps: BookingDe
         payment_id=state.get("payment_id"),
         error=error,
     )
-    return {"status": status}
+    if written and ended == BookingStatus.CANCELLED:
+        booking_cancelled(state)
+    return {"status": ended or status}
+
+
+def booking_cancelled(state: BookingState) -> None:
+    """The booking ended ``cancelled``: its hold released, anything captured refunded. Called once, by ``finish``."""
+    logger.info("booking %s cancelled", state["booking_id"])
 
 
 # (name, step, key_fields of its idempotency record; None: no side effect, no record)
@@ -308,7 +345,7 @@ STEPS: tuple[tuple[str, Any, list[str] | None], ...] = (
 def _next_or_compensate(next_node: str) -> Any:
     # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup
     async def route(state: BookingState) -> str:
-        return "compensate" if state.get("error") else next_node
+        return "compensate" if state.get("error") or state.get("cancelled") else next_node
 
     return route
 

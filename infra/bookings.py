@@ -1,8 +1,15 @@
 """The booking records users poll: input, progress and outcome of every accepted booking, in Redis.
 
-A booking is written before its 202 is sent and only moves forward: once ``confirmed`` or ``failed`` it never
-changes again, whichever process (the owner, a stale owner, the recovery worker) tries. Client idempotency keys
-map to booking ids here too, so a retried ``POST /bookings`` finds the booking it already created.
+A booking is written before its 202 is sent and only moves forward: once ``confirmed``, ``failed`` or
+``cancelled`` it never changes again, whichever process (the owner, a stale owner, the recovery worker) tries.
+Client idempotency keys map to booking ids here too, so a retried ``POST /bookings`` finds the booking it already
+created.
+
+Cancelling is two fields of the record, each set by one script, so exactly one of them wins a race:
+``cancel_requested_at`` (``request_cancel``: the durable flag every step of the saga checks before its work) and
+``committed_at`` (``commit``: the saga's point of no return, set just before the confirm is sent). A cancel after
+the commit answers "too late"; a commit after the cancel is refused and the saga compensates. A booking with the
+flag that ends ``failed`` is written ``cancelled`` (the compensation it needed ran either way). See docs/cancel.md.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -37,6 +45,7 @@ PUBLIC_FIELDS: Final = (
     "reservation_id",
     "payment_id",
     "error",
+    "cancel_requested_at",
     "created_at",
     "updated_at",
 )
@@ -55,18 +64,49 @@ redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
 return 1
 """)
 
-# Final states are final: an update never moves a confirmed/failed booking anywhere else. A final update also
-# answers with the whole record, which the long-polls waiting here return without reading it again.
+# Final states are final: an update never moves a confirmed/failed/cancelled booking anywhere else. A final update
+# also answers with the whole record, which the long-polls waiting here return without reading it again. A final
+# ``failed`` of a booking whose cancel was requested is written ``cancelled``: the cancel asked for exactly that end.
 _UPDATE = RedisScript("""
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-1} end
-if status == 'confirmed' or status == 'failed' then return {0} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+if status == 'confirmed' or status == 'failed' or status == 'cancelled' then return {0, status} end
 if ARGV[1] == '1' then
+  local fields = {}
+  local cancelled = redis.call('HEXISTS', KEYS[1], 'cancel_requested_at') == 1
+  for i = 2, #ARGV, 2 do
+    local value = ARGV[i + 1]
+    if cancelled and ARGV[i] == 'status' and value == 'failed' then value = 'cancelled' end
+    fields[#fields + 1] = ARGV[i]
+    fields[#fields + 1] = value
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZREM', KEYS[2], KEYS[1])
   return {1, redis.call('HGETALL', KEYS[1])}
 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return {1}
+""")
+
+# The cancel request: sets the flag unless the booking is final or committed (past its point of no return).
+# Answers {outcome, status}; ARGV[1] is the time.
+_REQUEST_CANCEL = RedisScript("""
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'unknown', ''} end
+if status == 'cancelled' then return {'cancelled', status} end
+if status == 'confirmed' or status == 'failed' then return {'too_late', status} end
+if redis.call('HEXISTS', KEYS[1], 'committed_at') == 1 then return {'too_late', status} end
+if redis.call('HEXISTS', KEYS[1], 'cancel_requested_at') == 1 then return {'cancelling', status} end
+redis.call('HSET', KEYS[1], 'cancel_requested_at', ARGV[1], 'updated_at', ARGV[1])
+return {'requested', status}
+""")
+
+# The saga's point of no return, right before the confirm is sent: refused (0) once a cancel was requested.
+# Again after a crash: still 1. A booking without a record (never the case for a running saga) is not held up.
+_COMMIT = RedisScript("""
+if redis.call('HEXISTS', KEYS[1], 'cancel_requested_at') == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSETNX', KEYS[1], 'committed_at', ARGV[1]) end
+return 1
 """)
 
 # One client key → one booking id; the body hash tells a retry from a different request under the same key.
@@ -76,6 +116,20 @@ if current then return current end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return ARGV[1]
 """)
+
+
+class CancelOutcome(StrEnum):
+    """What ``BookingStore.request_cancel`` found and did."""
+
+    REQUESTED = "requested"
+    """The flag is set now: the run stops at its next step boundary, compensates and ends ``cancelled``."""
+    CANCELLING = "cancelling"
+    """Requested before, not final yet: nothing changed (a cancel is idempotent)."""
+    CANCELLED = "cancelled"
+    """Final already, as ``cancelled``."""
+    TOO_LATE = "too_late"
+    """Final (``confirmed``, ``failed``) or committed (its confirm was sent): nothing changed."""
+    UNKNOWN = "unknown"
 
 
 class BookingStore:
@@ -131,6 +185,51 @@ class BookingStore:
             for event in waiters:
                 event.set()
         return updated
+
+    async def finalize(self, booking_id: str, status: BookingStatus, **fields: Any) -> tuple[str | None, bool]:
+        """Write the booking's final status; returns the status it ends with and whether this call wrote it.
+
+        That is ``status``, or ``cancelled`` for a ``failed`` whose cancel was requested, or (not written) the final
+        status it had already: final states never change. ``(None, False)`` for an unknown booking.
+        """
+        if status not in FINAL_BOOKING_STATUSES:
+            raise ValueError(f"not a final status: {status!r}")
+        fields["status"] = status
+        fields["updated_at"] = time.time()
+        reply = await _UPDATE(
+            self._redis, keys=[self._key(booking_id), self._inflight_key()], args=["1", *_flatten(fields)]
+        )
+        outcome = int(reply[0])
+        if outcome == -1:
+            return None, False
+        if outcome == 0:
+            return text(reply[1]), False
+        record = [text(value) for value in reply[1]]
+        final = _view(dict(zip(record[::2], record[1::2], strict=True)))
+        if waiters := self._waiters.get(booking_id):
+            self._finals[booking_id] = final
+            for event in waiters:
+                event.set()
+        return str(final["status"]), True
+
+    async def request_cancel(self, booking_id: str) -> tuple[CancelOutcome, str | None]:
+        """Ask for the booking to be cancelled: the durable flag every step of its saga checks (idempotent).
+
+        Returns what was found and done, and the status the booking had. The one place a cancel is recorded.
+        """
+        outcome, status = await _REQUEST_CANCEL(self._redis, keys=[self._key(booking_id)], args=[time.time()])
+        found = CancelOutcome(text(outcome))
+        if found is CancelOutcome.REQUESTED:
+            logger.info("booking %s: cancel requested (was %s)", booking_id, text(status))
+        return found, (text(status) or None)
+
+    async def cancel_requested(self, booking_id: str) -> bool:
+        """Whether a cancel was requested: what a saga step asks before it does its work."""
+        return bool(await self._redis.hexists(self._key(booking_id), "cancel_requested_at"))
+
+    async def commit(self, booking_id: str) -> bool:
+        """Pass the point of no return (right before the confirm is sent); False when a cancel came first."""
+        return bool(await _COMMIT(self._redis, keys=[self._key(booking_id)], args=[time.time()]))
 
     def report(self, booking_id: str, status: str) -> None:
         """Record a progress status (``searching``, ``reserving``...) in the background.
@@ -246,7 +345,7 @@ def _view(raw: Mapping[str, str]) -> dict[str, Any]:
             view[name] = None
         elif name in _JSON_FIELDS:
             view[name] = json.loads(value)
-        elif name in {"created_at", "updated_at"}:
+        elif name in {"created_at", "updated_at", "cancel_requested_at"}:
             view[name] = _iso(float(value))
         else:
             view[name] = value

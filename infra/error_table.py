@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from domain.booking import ErrorCode, InvalidStayError
+from domain.booking import BookingFinalError, ErrorCode, InvalidStayError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
 from infra.clients.errors import NoAvailabilityError, PaymentDeclinedError, ProviderError, ProviderRejectedError
 from resilience.errors import (
@@ -71,6 +71,8 @@ def _fields(exc: BaseException) -> dict[str, Any]:
         return {"header": exc.header}
     if isinstance(exc, OverloadedError):
         return {"limit": exc.max_concurrent, "retry_after": exc.retry_after}
+    if isinstance(exc, BookingFinalError):
+        return {"status": exc.status}
     return {}
 
 
@@ -79,6 +81,7 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (SkillFailure, None, False),
     (A2ASkillError, None, False),
     (InvalidStayError, ErrorCode.INVALID_REQUEST, False),
+    (BookingFinalError, ErrorCode.ALREADY_FINAL, False),  # a cancel that came too late
     (ValidationError, ErrorCode.INVALID_REQUEST, False),  # a model built from a request's data
     (InvalidBudgetHeaderError, ErrorCode.INVALID_HEADER, False),
     (NoAvailabilityError, ErrorCode.NO_AVAILABILITY, False),

@@ -1,6 +1,7 @@
-"""``concierge book``: create a booking and follow it, step by step, to its final state.
+"""``concierge book``: create a booking and follow it, step by step, to its final state; ``concierge cancel``.
 
     concierge book --city Lisbon --checkin 2027-01-10 --nights 2 --guests 2 [--card tok_visa] [--hotel ID]
+    concierge cancel <booking id> [--wait] [--url URL]
 
 Posts to the booking-agent with an ``Idempotency-Key``, so retrying the POST after a lost answer (the agent was
 restarting) never books twice, then polls ``GET /bookings/{id}`` and prints every status it sees
@@ -26,7 +27,7 @@ from stack.control import supervisor_running
 from stack.errors import StackError, UsageError
 from stack.state import read_state
 
-__all__ = ["booking_body", "register_book", "steps_between"]
+__all__ = ["booking_body", "register_book", "register_cancel", "steps_between"]
 
 # Steps take tens of milliseconds: poll fast while things move, slower while a step waits (a slow provider).
 POLL_FIRST_S = 0.02
@@ -219,8 +220,62 @@ def _follow(client: _Client, body: dict[str, Any], started: float, timeout: floa
             f"reservation {booking.get('reservation_id')} · payment {booking.get('payment_id')}"
         )
         return EXIT_OK
+    if seen == "cancelled":
+        print(f"concierge book: booking {booking_id} cancelled", file=sys.stderr)
+        return EXIT_FAILURE
     error = booking.get("error") or {}
     code = error.get("code", "unknown") if isinstance(error, dict) else "unknown"
     message = error.get("message", "") if isinstance(error, dict) else str(error)
     print(f"concierge book: booking {booking_id} failed: {code}: {message}".rstrip(": "), file=sys.stderr)
     return EXIT_FAILURE
+
+
+def register_cancel(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("cancel", help="cancel a booking that is not final yet")
+    parser.add_argument("booking_id", metavar="BOOKING_ID")
+    parser.add_argument("--wait", action="store_true", help="wait until the booking is cancelled (exit 0 then)")
+    parser.add_argument("--url", default=None, help="booking-agent URL (default: the running stack's)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds")
+    parser.set_defaults(handler=_cancel)
+
+
+@one_line_errors("cancel")
+def _cancel(args: argparse.Namespace) -> int:
+    """Exit 0 once the cancel is recorded (with ``--wait``: once the booking is ``cancelled``); 1 on 404 or 409."""
+    booking_id = args.booking_id
+    if not booking_id or len(booking_id) > 64 or not booking_id.replace("-", "").replace("_", "").isalnum():
+        raise UsageError(f"not a booking id: {booking_id!r}")
+    started = time.monotonic()
+    client = _Client(_booking_agent_urls(args.url), started + args.timeout)
+    try:
+        try:
+            response = client.http.post(f"{client.urls[0]}/bookings/{booking_id}/cancel")
+        except httpx.ConnectError:
+            if len(client.urls) == 1:
+                raise StackError(f"booking-agent at {client.urls[0]} is unreachable: stack not running?") from None
+            response = client.request("POST", f"/bookings/{booking_id}/cancel")
+        if response.status_code == 404:
+            raise StackError(f"no booking {booking_id}")
+        if response.status_code not in (200, 202):
+            raise StackError(_refusal(response))
+        booking = response.json()
+        if response.status_code == 200:
+            print(f"booking {booking_id}: cancelled")
+            return EXIT_OK
+        print(f"booking {booking_id}: cancelling (was {booking.get('status')})", flush=True)
+        if not args.wait:
+            return EXIT_OK
+        while True:
+            left = started + args.timeout - time.monotonic()
+            if left <= 0:
+                raise StackError(f"booking {booking_id} still {booking.get('status')} after {args.timeout:g}s")
+            answer = client.request("GET", f"/bookings/{booking_id}", params={"wait": min(left, 20)})
+            if answer.status_code != 200:
+                raise StackError(f"could not read booking {booking_id}: {_refusal(answer)}")
+            booking = answer.json()
+            if booking.get("status") in FINAL_BOOKING_STATUSES:
+                break
+    finally:
+        client.http.close()
+    print(f"booking {booking_id}: {booking.get('status')}")
+    return EXIT_OK if booking.get("status") == "cancelled" else EXIT_FAILURE

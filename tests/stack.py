@@ -29,6 +29,7 @@ from typing import Any, Self
 import httpx
 import psycopg
 
+from domain.booking import FINAL_BOOKING_STATUSES
 from infra.auth import mint_service_token
 from tests.procs import Processes, ServiceProcess, free_port
 
@@ -137,7 +138,7 @@ class Stack:
         while True:
             left = deadline - time.monotonic()
             booking = self.booking(booking_id, wait=max(0.1, min(left, 20)))
-            if booking["status"] in {"confirmed", "failed"} or left <= 0:
+            if booking["status"] in FINAL_BOOKING_STATUSES or left <= 0:
                 return booking
             time.sleep(0.05)
 

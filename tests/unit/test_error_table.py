@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from domain.booking import ErrorCode, InvalidStayError
+from domain.booking import BookingFinalError, ErrorCode, InvalidStayError
 from infra.a2a import (
     A2AError,
     A2AProtocolError,
@@ -80,6 +80,7 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (A2ASkillError("no_availability", "full"), "no_availability", 409, False),
     (InvalidStayError("checkout", "must be after checkin"), "invalid_request", 422, False),
     (_validation_error(), "invalid_request", 422, False),
+    (BookingFinalError("b1", "confirmed", "booking b1 is confirmed"), "already_final", 409, False),
     (InvalidBudgetHeaderError("X-Timeout-Budget must be a number", "X-Timeout-Budget"), "invalid_header", 400, False),
     (NoAvailabilityError("full", provider="hotel-api", status_code=409), "no_availability", 409, False),
     (PaymentDeclinedError("declined", provider="payment-api", status_code=402), "payment_declined", 402, False),
