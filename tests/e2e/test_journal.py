@@ -6,17 +6,13 @@ One stack for the module (short leases as in ``test_chaos``); each test books it
 from __future__ import annotations
 
 import json
-import socket
-import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.e2e.test_chaos import CHAOS_ENV, RECOVERY_TIMEOUT_S, assert_confirmed_exactly_once, wait_for_status
+from tests.e2e.test_chaos import CHAOS_ENV, RECOVERY_TIMEOUT_S
 from tests.stack import CORE, Stack, fresh_database, stay
 
 pytestmark = pytest.mark.e2e
