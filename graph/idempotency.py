@@ -48,8 +48,10 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from domain.booking import JournalKind
 from graph.contract import F, NodeFn, check_node, thread_id_of
 from graph.errors import ClaimLostError, IdempotencyStoreError, MissingThreadIdError, NodeResultError
+from infra.journal import note
 from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
 from resilience.budget import remaining_budget
@@ -263,6 +265,15 @@ class _Idempotent:
         stored, waited = await self._claim_or_wait(client, record, token, max(1, math.ceil(lease_s * 1000)))
         if stored is not None:
             span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "waited" if waited else "replayed")
+            # the node answered from its stored result: its side effect is not made again
+            note(
+                JournalKind.CALL,
+                dependency="idempotency-record",
+                operation=self.name,
+                outcome="stored",
+                idempotency_key=stable_key,
+                replayed=True,
+            )
             return stored
         span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "took_over" if waited else "executed")
 
