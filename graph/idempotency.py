@@ -52,6 +52,7 @@ from domain.booking import JournalKind
 from graph.contract import F, NodeFn, check_node, thread_id_of
 from graph.errors import ClaimLostError, IdempotencyStoreError, MissingThreadIdError, NodeResultError
 from infra.journal import note
+from infra.metrics import count_duplicate_prevented
 from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
 from resilience.budget import remaining_budget
@@ -266,6 +267,7 @@ class _Idempotent:
         if stored is not None:
             span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "waited" if waited else "replayed")
             # the node answered from its stored result: its side effect is not made again
+            count_duplicate_prevented(f"node:{self.name}")
             note(
                 JournalKind.CALL,
                 dependency="idempotency-record",
@@ -376,6 +378,7 @@ class _Idempotent:
         if outcome == "done":
             logger.warning("node %r lost its claim on %r; returning the other owner's result", self.name, record)
             span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "lost_claim_replayed")
+            count_duplicate_prevented(f"node:{self.name}")
             return cast(dict[str, Any], json.loads(text(reply[1])))
         raise ClaimLostError(self.name, record, text(reply[1]))
 

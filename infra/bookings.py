@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus, JournalKind
 from infra import journal
 from infra.journal import encode_entry, instance_id, journal_key
+from infra.metrics import count_cancel_request, count_final
 from infra.redis import RedisScript, key, text
 from infra.settings import get_settings
 
@@ -228,11 +229,13 @@ class BookingStore:
             args=[final, entry, settings.journal_max_len, settings.journal_ttl_s, *_flatten(fields)],
         )
         updated = int(reply[0]) == 1
-        waiters = self._waiters.get(booking_id)
-        if final == "1" and waiters:
-            if updated:
-                record = [text(value) for value in reply[1]]
-                self._finals[booking_id] = _view(dict(zip(record[::2], record[1::2], strict=True)))
+        if final == "1" and updated:
+            record = [text(value) for value in reply[1]]
+            raw = dict(zip(record[::2], record[1::2], strict=True))
+            _count_final(raw, now)
+            if booking_id in self._waiters:
+                self._finals[booking_id] = _view(raw)
+        if final == "1" and (waiters := self._waiters.get(booking_id)):
             for event in waiters:
                 event.set()
         return updated
@@ -261,7 +264,9 @@ class BookingStore:
         if outcome == 0:
             return text(reply[1]), False
         record = [text(value) for value in reply[1]]
-        final = _view(dict(zip(record[::2], record[1::2], strict=True)))
+        raw = dict(zip(record[::2], record[1::2], strict=True))
+        _count_final(raw, now)
+        final = _view(raw)
         if waiters := self._waiters.get(booking_id):
             self._finals[booking_id] = final
             for event in waiters:
@@ -275,6 +280,7 @@ class BookingStore:
         """
         outcome, status = await _REQUEST_CANCEL(self._redis, keys=[self._key(booking_id)], args=[time.time()])
         found = CancelOutcome(text(outcome))
+        count_cancel_request(found.value)
         if found is CancelOutcome.REQUESTED:
             logger.info("booking %s: cancel requested (was %s)", booking_id, text(status))
         return found, (text(status) or None)
@@ -432,6 +438,15 @@ class BookingStore:
             return None
         bound_id, _, bound_hash = text(stored).partition(":")
         return bound_id, bound_hash == body_hash
+
+
+def _count_final(raw: Mapping[str, str], now: float) -> None:
+    """The booking's outcome and its time from acceptance, counted by the one process that wrote the final status."""
+    try:
+        seconds: float | None = now - float(raw["created_at"])
+    except (KeyError, ValueError):
+        seconds = None
+    count_final(raw.get("status", "unknown"), seconds)
 
 
 def _final_fields(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -68,6 +68,7 @@ from langgraph.types import StateSnapshot
 from domain.booking import ErrorCode, JournalKind
 from infra.error_table import answer_for
 from infra.journal import writer
+from infra.metrics import observe_recovery
 from infra.settings import Settings, get_settings
 from recovery.errors import RecoveryStoreError
 from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
@@ -444,6 +445,10 @@ class RecoveryConsumer:
                 await target.prepare(record)
             snapshot = await graph.aget_state(config)
         resumed = {"owner": lease.owner, "previous_owner": record.owner, "fence": lease.fence}
+        if not _is_final(snapshot) and record.lease_expires_at is not None:
+            # owner lost (its lease ran out, or it handed the run off) → resumed here (the lease's end is on Redis's
+            # clock, ours is compared with it: one host, or NTP)
+            observe_recovery(time.time() - record.lease_expires_at)
         if snapshot.created_at is None:
             run_input: dict[str, Any] | None = dict(record.input)
             logger.info("run %s: no checkpoint; starting from the stored input", record.thread_id)

@@ -39,6 +39,7 @@ from infra.clients.errors import (
 from infra.clients.wire import IDEMPOTENCY_HEADER, REPLAYED_HEADER, error_fields
 from infra.http import create_http_client
 from infra.journal import note
+from infra.metrics import count_duplicate_prevented
 from infra.settings import get_settings
 from resilience.budget import outgoing_budget_seconds
 from resilience.errors import BudgetExhaustedError
@@ -116,13 +117,16 @@ class _ProviderClient:
     ) -> None:
         # a call entry in the booking's journal (when one is at hand): replayed = the provider answered from its
         # idempotency record, the duplicate that did not happen
+        replayed = response is not None and response.headers.get(REPLAYED_HEADER, "").lower() == "true"
+        if replayed:
+            count_duplicate_prevented(self.provider)
         note(
             JournalKind.CALL,
             dependency=self.provider,
             operation=f"{method} {path}",
             outcome="no answer" if response is None else str(response.status_code),
             idempotency_key=idempotency_key,
-            replayed=response is not None and response.headers.get(REPLAYED_HEADER, "").lower() == "true",
+            replayed=replayed,
             duration_ms=round((time.perf_counter() - started) * 1000, 1),
         )
 

@@ -35,7 +35,7 @@ from infra.error_table import TABLE, answer_for, answer_response
 from infra.gc_tuning import service_gc
 from infra.journal import JournalWriter, install_writer, resilience_hook
 from infra.journal import flush as journal_flush
-from infra.metrics import install_resilience_metrics
+from infra.metrics import install_resilience_metrics, story_metrics
 from infra.redis import create_redis
 from infra.service.health import READY_CHECK_TIMEOUT_S, ReadyCheck, install_health_routes
 from infra.service.logs import configure_logging
@@ -191,6 +191,7 @@ def create_service_app(
         configure_telemetry(service_name)
         budget_defaults = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
         install_resilience_metrics()
+        story_metrics()
         _apply_circuit_overrides(settings.circuit_overrides)
         app.state.service = ServiceInfo(service_name, _instance_id(), time.monotonic())
         redis = create_redis(settings.redis_url)

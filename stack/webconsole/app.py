@@ -2,7 +2,9 @@
 
 The browser only ever talks to the console (one origin, no CORS): the console reads the supervisor's state (under
 ``concierge up``) or probes the services' health routes (under compose), reads the recovery queue and DLQ from
-Redis, and relays to booking-agent and the providers. The admin token stays here; no route sends it to the page.
+Redis, and relays to booking-agent and the providers. While no booking-agent answers (killed, restarting), the
+bookings list and a booking's timeline are read from Redis directly, so the page keeps telling the story of the
+recovery that happens meanwhile. The admin token stays here; no route sends it to the page.
 Mutating routes take JSON only and refuse other origins, so a web page elsewhere cannot drive the stack through a
 browser that has the console open.
 """
@@ -10,7 +12,6 @@ browser that has the console open.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -23,7 +24,7 @@ from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
 import httpx
-from fastapi import FastAPI, Path, Request, Response
+from fastapi import FastAPI, Header, Path, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -31,6 +32,8 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from domain.booking import MAX_NIGHTS, check_checkin
 from infra.auth import admin_token
+from infra.bookings import BookingStore
+from infra.journal import read_journal
 from infra.service import create_service_app, error_body, get_redis
 from infra.settings import Settings, get_settings
 from recovery import DeadLetterQueue, RecoveryQueue
@@ -48,7 +51,7 @@ STATIC = FilePath(__file__).parent / "static"
 OVERVIEW_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 1.0
 RELAY_TIMEOUT_S = 10.0
-RECONNECT_DELAY_S = 0.5
+RECONNECT_DELAY_S = 0.3
 KEEPALIVE_S = 5.0
 BOOKINGS_SHOWN = 25
 FINAL_KINDS = frozenset({"confirmed", "failed", "cancelled"})
@@ -178,7 +181,7 @@ class Watcher:
         faults, queue, bookings = await asyncio.gather(
             self._faults(targets),
             self._queue(redis),
-            self._bookings([t.url for t in targets if t.service == "booking-agent"]),
+            self._bookings(redis, [t.url for t in targets if t.service == "booking-agent"]),
         )
         services, circuits, bulkheads = [], [], []
         for target, (ready, detail, circuit_stats, bulkhead_stats) in zip(targets, probes, strict=True):
@@ -269,7 +272,7 @@ class Watcher:
         ]
         return {"queue": stats, "dlq": dead[:BOOKINGS_SHOWN], "queue_error": None}
 
-    async def _bookings(self, urls: list[str]) -> dict[str, Any]:
+    async def _bookings(self, redis: Any, urls: list[str]) -> dict[str, Any]:
         last = "no booking-agent"
         for url in urls:
             try:
@@ -280,7 +283,12 @@ class Watcher:
             if status == 200 and isinstance(body, dict):
                 return {"bookings": body.get("bookings", []), "bookings_error": None}
             last = f"booking-agent answered HTTP {status}"
-        return {"bookings": None, "bookings_error": last}
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
+                found, _ = await BookingStore(redis).page(status=None, limit=BOOKINGS_SHOWN, cursor=None)
+        except Exception as exc:  # Redis down too: say both
+            return {"bookings": None, "bookings_error": f"{last}; Redis: {type(exc).__name__}"}
+        return {"bookings": found, "bookings_error": f"{last}: read from Redis"}
 
 
 # ----------------------------------------------------------------------------------------------------- relays
@@ -309,7 +317,7 @@ async def _to_booking_agent(
     return _error(503, "unavailable", last)
 
 
-def _sse_events(lines: list[str]) -> tuple[str | None, str | None, str]:
+def _sse_event(lines: list[str]) -> tuple[str | None, str | None, str]:
     """One upstream event's ``(id, event, data)`` from its lines (the SSE field rules; comments dropped)."""
     event_id: str | None = None
     event: str | None = None
@@ -329,13 +337,17 @@ def _sse_events(lines: list[str]) -> tuple[str | None, str | None, str]:
 
 
 async def follow_timeline(
-    http: httpx.AsyncClient, agents: Callable[[], Awaitable[list[str]]], booking_id: str, last_id: str | None
+    http: httpx.AsyncClient,
+    redis: Any,
+    agents: Callable[[], Awaitable[list[str]]],
+    booking_id: str,
+    last_id: str | None,
 ) -> AsyncIterator[ServerSentEvent]:
     """A booking's journal from booking-agent's SSE, as one unbroken stream for the page: when booking-agent goes
-    away mid-stream (killed, restarting, another replica), reconnect with ``Last-Event-ID`` until the final entry."""
+    away mid-stream (killed, restarting, another replica), reconnect with ``Last-Event-ID``, and meanwhile read what
+    the others write (the recovery worker's resume...) from the journal in Redis, until the final entry."""
     while True:
-        urls = await agents()
-        for url in urls:
+        for url in await agents():
             headers = {"Accept": "text/event-stream"}
             if last_id is not None:
                 headers["Last-Event-ID"] = last_id
@@ -353,20 +365,41 @@ async def follow_timeline(
                         if line:
                             lines.append(line)
                             continue
-                        event_id, _, data = _sse_events(lines)
+                        event_id, _, data = _sse_event(lines)
                         lines = []
                         if not data:
                             continue
                         last_id = event_id or last_id
                         yield ServerSentEvent(data=data, id=event_id)
-                        with contextlib.suppress(ValueError, AttributeError):
-                            if json.loads(data).get("kind") in FINAL_KINDS:
-                                yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
-                                return
+                        if _is_final(data):
+                            yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
+                            return
             except httpx.HTTPError:
                 continue  # the replica went away mid-stream: the next one, or this one again once it is back
-        yield ServerSentEvent(comment="booking-agent unreachable; reconnecting")
+        # no booking-agent answers: what was written meanwhile, straight from the journal
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
+                entries = await read_journal(redis, booking_id, after=last_id, count=100)
+        except Exception:  # Redis down too: keep trying both
+            entries = []
+        for entry in entries:
+            last_id = str(entry["id"])
+            data = json.dumps(entry, separators=(",", ":"))
+            yield ServerSentEvent(data=data, id=last_id)
+            if _is_final(data):
+                yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
+                return
+        if not entries:
+            yield ServerSentEvent(comment="no booking-agent answers; following the journal in Redis")
         await asyncio.sleep(RECONNECT_DELAY_S)
+
+
+def _is_final(data: str) -> bool:
+    try:
+        entry = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and entry.get("kind") in FINAL_KINDS
 
 
 # ----------------------------------------------------------------------------------------------------- the app
@@ -422,11 +455,15 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         return EventSourceResponse(events(), ping=KEEPALIVE_S, send_timeout=10)
 
     @app.get("/api/bookings/{booking_id}/events", tags=["console"], response_class=EventSourceResponse)
-    async def timeline(request: Request, booking_id: BookingId) -> EventSourceResponse:
+    async def timeline(
+        request: Request,
+        booking_id: BookingId,
+        last_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=r"^\d{1,20}-\d{1,20}$")] = None,
+    ) -> EventSourceResponse:
         watcher = watcher_of(request)
-        last_id = request.headers.get("last-event-id")
+        redis = await get_redis(request)
         return EventSourceResponse(
-            follow_timeline(watcher.http, watcher.booking_agents, booking_id, last_id),
+            follow_timeline(watcher.http, redis, watcher.booking_agents, booking_id, last_id),
             ping=KEEPALIVE_S,
             send_timeout=10,
         )
