@@ -164,9 +164,9 @@ class Watcher:
         _, targets = await self.targets()
         return [t.url for t in targets if t.service == "booking-agent"]
 
-    async def provider(self, name: str) -> str:
+    async def provider(self, name: str) -> str | None:
         _, targets = await self.targets()
-        return next(t.url for t in targets if t.service == name)
+        return next((t.url for t in targets if t.service == name), None)
 
     async def overview(self, redis: Any) -> dict[str, Any]:
         async with self._lock:
@@ -519,6 +519,8 @@ async def _admin_faults(watcher: Watcher, provider: str, method: str, body: dict
     if token is None:
         return _error(403, "forbidden", "CONCIERGE_ADMIN_TOKEN is not set: the providers' fault routes are off")
     url = await watcher.provider(provider)
+    if url is None:
+        return _error(503, "unavailable", f"{provider} is not part of the running stack")
     try:
         response = await watcher.http.request(
             method, f"{url}/admin/faults", json=body, headers={"Authorization": f"Bearer {token}"}

@@ -55,7 +55,7 @@ def stack(tmp_path: Path, redis_url: str) -> Iterator[dict[str, Any]]:
     }
     ports = {name: free_port() for name in SERVICES}
     flags = [arg for name, port in ports.items() for arg in ("--port", f"{name}={port}")]
-    up = concierge(env, "up", "--detach", *flags, timeout=180)
+    up = concierge(env, "up", "--detach", "--timeout", "150", *flags, timeout=240)
     log = tmp_path / "data" / "logs" / "supervisor.log"
     assert up.returncode == 0, f"{up.stdout}\n{up.stderr}\n{log.read_text() if log.exists() else ''}"
     try:

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "concierge.json"
 CONSOLE = {"X-Concierge-Console": "1"}
+READY_S = 120.0
 _METRIC = re.compile(r"\bconcierge_[a-z0-9_]+\b")
 # what a family of each type exposes (prometheus_client's suffixes)
 _SUFFIXES = {
@@ -44,7 +45,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
     env = {"RUN_LEASE_TTL": "1", "ORPHAN_SCAN_INTERVAL": "0.2", "BOOKING_BUDGET_S": "60"}
     with Stack(tmp, redis_url, env=env) as stack:
         stack.ports["console"] = free_port()
-        stack.start((*CORE, "recovery-worker", "console"))
+        # all at once, and a generous bound on the wait: the machine may be busy
+        started = [stack.serve(name, wait=False) for name in (*CORE, "recovery-worker", "console")]
+        for proc in started:
+            proc.wait_ready(timeout=READY_S)
         yield stack
 
 
@@ -168,7 +172,7 @@ def test_a_booking_that_loses_its_agent_in_the_timeline_and_in_the_metrics(stack
     stack.services["booking-agent"].kill()
     cleared = httpx.delete(f"{base}/api/faults/payment-api", headers=CONSOLE, timeout=10)
     assert cleared.status_code in (200, 204), cleared.text
-    stack.serve("booking-agent")
+    stack.serve("booking-agent", wait=False).wait_ready(timeout=READY_S)
     reader.join(timeout=120)
     assert not reader.is_alive(), f"the timeline never ended: {kinds}"
     assert kinds[0] == "accepted" and kinds[-1] == "confirmed", kinds
