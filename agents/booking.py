@@ -585,7 +585,8 @@ async def cancel_booking(booking_id: BookingId, response: Response) -> dict[str,
     if outcome is CancelOutcome.UNKNOWN:
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
     if outcome is CancelOutcome.TOO_LATE:
-        why = f"is {status}" if status in (BookingStatus.CONFIRMED, BookingStatus.FAILED) else "is being confirmed"
+        final = status in (BookingStatus.CONFIRMED, BookingStatus.FAILED)
+        why = f"is {status}" if final else "had its confirm sent"
         raise BookingFinalError(booking_id, str(status), f"booking {booking_id} {why}: it can no longer be cancelled")
     booking = await store.get(booking_id)
     if booking is None:  # expired in between

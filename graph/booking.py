@@ -4,8 +4,8 @@
 
     START → search → reserve → charge → confirm → finish → END
               │         │         │         │
-              └─────────┴─────────┴─────────┴──(error)──▶ compensate ─┬─▶ release_hold ─┬─▶ finish
-                                                                        └─▶ refund ───────┘
+              └─────────┴─────────┴─────────┴─(error, cancel)─▶ compensate ─┬─▶ release_hold ─┬─▶ finish
+                                                                              └─▶ refund ───────┘
 
 - ``search``: checks the stay, asks search-agent over A2A (``search_hotels``, ``policy_for("search_agent")``) and
   keeps the candidates: the requested ``hotel_id``, or up to three cheapest offers within ``max_price_per_night``.
@@ -16,7 +16,7 @@
 - ``compensate`` shows the booking ``compensating``; then ``release_hold`` (cancel the hold) and ``refund`` (whatever
   the reference captured) run side by side, each on a detached budget because they must finish even when the
   booking ran out of time. One that fails raises: the run fails and recovery retries it, backing off for as long as
-  its dependency is down. Only when both are done does the booking show ``failed``.
+  its dependency is down. Only when both are done does the booking show ``failed`` (or ``cancelled``).
 
 Side-effect nodes are ``@traced_node(@idempotent_node(...))`` and send ``idempotency_key()`` downstream, so a
 resumed run (after a crash, from the last checkpoint) never holds a room or charges a card twice. The graph runs
@@ -25,11 +25,13 @@ with ``durability="sync"``: a step's checkpoint is written before the next step 
 Errors that answer the booking (no rooms, declined card, provider down, out of time) become ``error`` in the state
 and route to ``compensate``. Anything else (Redis down, a bug) raises: the run fails, recovery retries it.
 
-Cancel (``POST /bookings/{id}/cancel`` sets a durable flag on the booking record): ``search``, ``reserve`` and
-``charge`` ask for it before their work, ``confirm`` passes the point of no return (``BookingStore.commit``) only
-without it; a step that finds it does nothing and sets ``cancelled``, which routes to ``compensate`` like an error,
-and ``finish`` writes ``cancelled``. Whichever process runs the saga (the owner, the recovery worker resuming it
-after a crash) stops at the next step boundary the same way. See docs/cancel.md.
+Cancel (``POST /bookings/{id}/cancel`` sets a durable flag on the booking record): every edge out of ``search``,
+``reserve`` and ``charge`` asks for it and routes to ``compensate`` when it is set; ``search`` also asks before it
+starts, and ``confirm`` passes the point of no return (``BookingStore.commit``) only without it. ``compensate``
+without an error marks the run ``cancelled`` and ``finish`` writes that. Whichever process runs the saga (the owner,
+or the recovery worker resuming it after a crash) stops at the next step boundary the same way. A step with a side
+effect is never skipped on the way in: after a crash it may have acted already, and only its idempotent replay
+learns what it did (the hold to release, the charge to refund). See docs/cancel.md.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class BookingState(TypedDict, total=False):
     status: str
     error: dict[str, str] | None
     cancelled: bool
-    """A step found the booking's cancel flag and did nothing: the saga compensates and ends ``cancelled``."""
+    """The booking's cancel flag was found (by ``search``, ``confirm`` or an edge): it compensates, ends ``cancelled``."""
 
 
 class Peer(Protocol):
@@ -153,11 +155,11 @@ def classify(exc: BaseException) -> dict[str, Any]:
 
 
 CANCELLED: dict[str, Any] = {"cancelled": True}
-"""What a step returns instead of doing its work once the booking's cancel was requested."""
+"""What ``search`` and ``confirm`` return instead of doing their work once the booking's cancel was requested."""
 
 
 async def cancel_requested(deps: BookingDeps, state: BookingState) -> bool:
-    """Asked at the start of every step with an effect: the step boundary where a cancelled run stops."""
+    """Whether the booking's cancel was requested: asked at every step boundary (see the module docstring)."""
     return await deps.bookings.cancel_requested(state["booking_id"])
 
 
@@ -199,8 +201,6 @@ async def search(state: BookingState, config: RunnableConfig, *, deps: BookingDe
 
 
 async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
-    if await cancel_requested(deps, state):
-        return CANCELLED
     progress(deps, state, BookingStatus.RESERVING)
     base_key = idempotency_key()
     last_error: BaseException | None = None
@@ -231,8 +231,6 @@ async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingD
 
 
 async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
-    if await cancel_requested(deps, state):
-        return {**CANCELLED, "charge_attempted": False}
     progress(deps, state, BookingStatus.PAYING)
     token = await deps.payment_tokens.get(state["booking_id"])
     if token is None:  # kept for days (TOKEN_TTL_S): only a booking resumed after that finds it gone
@@ -281,7 +279,8 @@ async def compensate(state: BookingState, config: RunnableConfig, *, deps: Booki
         refund=bool(state.get("payment_id") or state.get("charge_attempted")),
     )
     await deps.payment_tokens.drop(state["booking_id"])  # no charge will be made any more
-    return {}
+    # only an error or a cancel leads here: without an error, the edge found the booking's cancel flag
+    return {} if state.get("error") else CANCELLED
 
 
 async def release_hold(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
@@ -350,10 +349,16 @@ STEPS: tuple[tuple[str, Any, list[str] | None], ...] = (
 )
 
 
-def _next_or_compensate(next_node: str) -> Any:
-    # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup
+def _next_or_compensate(deps: BookingDeps, next_node: str, *, ask_cancel: bool) -> Any:
+    # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup.
+    # The decision is checkpointed with the step it follows: the step boundary where a cancelled run stops. After
+    # ``confirm`` there is nothing to ask: it passed the commit (no cancel can follow) or returned ``cancelled``.
     async def route(state: BookingState) -> str:
-        return "compensate" if state.get("error") or state.get("cancelled") else next_node
+        if state.get("error") or state.get("cancelled"):
+            return "compensate"
+        if ask_cancel and await cancel_requested(deps, state):
+            return "compensate"
+        return next_node
 
     return route
 
@@ -370,7 +375,8 @@ def build_booking_graph(
     builder.add_edge(START, "search")
     chain = ["search", "reserve", "charge", "confirm", "finish"]
     for current, following in itertools.pairwise(chain):
-        builder.add_conditional_edges(current, _next_or_compensate(following), [following, "compensate"])
+        route = _next_or_compensate(deps, following, ask_cancel=current != "confirm")
+        builder.add_conditional_edges(current, route, [following, "compensate"])
     # both undo steps run in one super-step: one that fails (its provider is down) is retried on its own, the other's
     # result is already in the checkpoint
     builder.add_edge("compensate", "release_hold")

@@ -6,7 +6,7 @@ Client idempotency keys map to booking ids here too, so a retried ``POST /bookin
 created.
 
 Cancelling is two fields of the record, each set by one script, so exactly one of them wins a race:
-``cancel_requested_at`` (``request_cancel``: the durable flag every step of the saga checks before its work) and
+``cancel_requested_at`` (``request_cancel``: the durable flag the saga asks for at every step boundary) and
 ``committed_at`` (``commit``: the saga's point of no return, set just before the confirm is sent). A cancel after
 the commit answers "too late"; a commit after the cancel is refused and the saga compensates. A booking with the
 flag that ends ``failed`` is written ``cancelled`` (the compensation it needed ran either way). See docs/cancel.md.
@@ -286,7 +286,7 @@ class BookingStore:
         return found, (text(status) or None)
 
     async def cancel_requested(self, booking_id: str) -> bool:
-        """Whether a cancel was requested: what a saga step asks before it does its work."""
+        """Whether a cancel was requested: what the saga asks at each step boundary."""
         return bool(await self._redis.hexists(self._key(booking_id), "cancel_requested_at"))
 
     async def commit(self, booking_id: str) -> bool:

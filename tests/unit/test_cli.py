@@ -214,6 +214,7 @@ def test_bad_booking_arguments_are_refused_before_any_request(
         (("fault", "hotel-api", "--error-rate", "2"), "--error-rate must be between 0 and 1"),
         (("fault", "hotel-api", "--latency", "soon"), "--latency must be a number"),
         (("fault", "hotel-api", "--clear", "--hang"), "cannot be combined"),
+        (("cancel", "no/such id"), "not a booking id"),
     ],
 )
 def test_bad_options_are_usage_errors(
