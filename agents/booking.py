@@ -49,7 +49,7 @@ from infra.a2a.server import Skill, mount_a2a
 from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
-from infra.journal import is_final, read_journal
+from infra.journal import is_final, name_instance, read_journal
 from infra.service import create_service_app
 from infra.service.openapi import (
     RETRY_AFTER,
@@ -292,6 +292,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         graph = build_booking_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
         instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+        name_instance(instance)  # the journal names the process as its run leases do
         # never waited for (try_hold), and a run bounds itself: acquire_timeout and timeout are not used
         slots = bulkhead_registry.configure(
             RUNS_BULKHEAD,
