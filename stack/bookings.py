@@ -74,7 +74,8 @@ def _show(args: argparse.Namespace) -> int:
     print(f"booking {args.booking_id}")
     start = entries[0]["at"] if entries else ""
     for entry in entries:
-        print(f"  {entry['at']}  +{seconds_between(start, entry['at']):7.3f}s  {entry['kind']:<20} {describe(entry)}")
+        offset = f"+{seconds_between(start, entry['at']):.3f}s"
+        print(f"  {entry['at']}  {offset:>9}  {entry['kind']:<20} {describe(entry)}")
     if not entries or not is_final(entries[-1]):
         print("  (still running: `concierge show` again, or `curl -H 'Accept: text/event-stream'` to follow it)")
     return EXIT_OK
