@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -48,11 +49,11 @@ from domain.booking import (
     parse_iso_date,
 )
 from graph.booking import BookingDeps, booking_input, build_booking_graph, open_booking_deps
-from infra.a2a.server import Skill, mount_a2a
+from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
-from infra.journal import is_final, read_journal
+from infra.journal import is_final, name_instance, read_journal
 from infra.service import create_service_app
 from infra.service.openapi import (
     RETRY_AFTER,
@@ -297,6 +298,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         graph = build_booking_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
         instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+        name_instance(instance)  # the journal names the process as its run leases do
         # never waited for (try_hold), and a run bounds itself: acquire_timeout and timeout are not used
         slots = bulkhead_registry.configure(
             RUNS_BULKHEAD,
@@ -422,8 +424,8 @@ PING_S = 15.0
 """Keep-alive comments while a stream waits (proxies close silent connections)."""
 SEND_TIMEOUT_S = 30.0
 """A client that takes no bytes for this long is dropped: a stream never queues more than one send for it."""
-STREAM_ID_PATTERN = r"^\d{1,20}-\d{1,20}$"
-_STREAM_ID = re.compile(STREAM_ID_PATTERN)
+STREAM_ID_PATTERN = r"^\d{1,19}-\d{1,19}$"
+"""An entry id (``<ms>-<seq>``), both parts within Redis's 64-bit range."""
 
 
 class JournalEntry(BaseModel):
@@ -513,13 +515,11 @@ async def list_bookings(
 async def booking_events(
     request: Request,
     booking_id: BookingId,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
 ) -> Any:
     """The journal as JSON, or followed live as SSE (resumes after `Last-Event-ID`, on any replica)."""
     redis = app.state.redis
     store: BookingStore = app.state.booking.bookings
-    if last_event_id is not None and not _STREAM_ID.match(last_event_id):
-        raise _field_error("header", "Last-Event-ID", "must be an entry id as sent in `id:` (`<ms>-<seq>`)")
     if await store.status(booking_id) is None:
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
     if "text/event-stream" not in request.headers.get("accept", ""):
@@ -535,13 +535,20 @@ async def booking_events(
 async def _follow(
     redis: Any, store: BookingStore, booking_id: str, after: str | None
 ) -> AsyncIterator[ServerSentEvent]:
+    async for entry in _entries(redis, store, booking_id, after):
+        yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
+
+
+async def _entries(
+    redis: Any, store: BookingStore, booking_id: str, after: str | None
+) -> AsyncIterator[dict[str, Any]]:
     """Every entry after ``after``, then new ones as they are written, until the final one."""
     idle = 0
     while True:
         entries = await read_journal(redis, booking_id, after=after, count=100)
         for entry in entries:
             after = entry["id"]
-            yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
+            yield entry
             if is_final(entry):
                 return
         if entries:
@@ -553,7 +560,7 @@ async def _follow(
             # final status and final entry are written together: one more read finds it, unless it was trimmed
             if status is None or status in FINAL_BOOKING_STATUSES:
                 for entry in await read_journal(redis, booking_id, after=after):
-                    yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
+                    yield entry
                 return
         await asyncio.sleep(FOLLOW_POLL_S)
 
@@ -597,11 +604,20 @@ async def cancel_booking(booking_id: BookingId, response: Response) -> dict[str,
 
 
 async def book_hotel(data: dict[str, Any]) -> dict[str, Any]:
-    """A2A: accept a booking and wait (within the caller's budget) for its outcome."""
+    """A2A: accept a booking and wait (within the caller's budget) for its outcome; streamed (``message/stream``),
+    every journal entry on the way is a ``working`` status update."""
     client_key = data.pop("idempotency_key", None)
     request = BookingRequest.model_validate(data)  # a ValidationError answers invalid_request (the error table)
     booking_id, _ = await _service().admit(request, client_key if isinstance(client_key, str) else None)
-    booking = await app.state.booking.bookings.wait_final(booking_id, max(0.0, remaining_budget() - 0.1))
+    store: BookingStore = app.state.booking.bookings
+    if progress_wanted():
+        # message/stream: the booking's journal, entry by entry, as working updates; then the outcome
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, remaining_budget() - 0.1)):
+                async for entry in _entries(app.state.redis, store, booking_id, None):
+                    await report_progress({"booking_id": booking_id, "journal": entry})
+        return await store.get(booking_id) or {"booking_id": booking_id, "status": "pending"}
+    booking = await store.wait_final(booking_id, max(0.0, remaining_budget() - 0.1))
     return booking or {"booking_id": booking_id, "status": "pending"}
 
 
@@ -620,5 +636,6 @@ mount_a2a(
         )
     ],
     bulkhead="booking_agent",
+    streaming=True,
 )
 document_service_token(app, A2A_PATH)

@@ -90,22 +90,21 @@ if not status then return {-1} end
 if status == 'confirmed' or status == 'failed' or status == 'cancelled' then return {0, status} end
 if ARGV[1] == '1' then
   local fields = {}
-  local entry = ARGV[2]
   local cancelled = redis.call('HEXISTS', KEYS[1], 'cancel_requested_at') == 1
   for i = 5, #ARGV, 2 do
     local value = ARGV[i + 1]
     if cancelled and ARGV[i] == 'status' and value == 'failed' then
       value = 'cancelled'
-      local decoded = cjson.decode(entry)
-      decoded['kind'] = 'cancelled'
-      entry = cjson.encode(decoded)
+      local entry = cjson.decode(ARGV[2])  -- the final entry says what the record says
+      entry['kind'] = 'cancelled'
+      ARGV[2] = cjson.encode(entry)
     end
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = value
   end
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZREM', KEYS[2], KEYS[1])
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', entry)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
   redis.call('EXPIRE', KEYS[3], ARGV[4])
   return {1, redis.call('HGETALL', KEYS[1])}
 end

@@ -46,6 +46,7 @@ __all__ = [
     "iso_now",
     "journal_key",
     "journal_scope",
+    "name_instance",
     "note",
     "parse_entries",
     "read_journal",
@@ -154,6 +155,12 @@ def install_writer(journal: JournalWriter | None) -> JournalWriter | None:
 
 def writer() -> JournalWriter | None:
     return _writer
+
+
+def name_instance(instance: str) -> None:
+    """Sign this process's entries ``instance``: a service whose lease owner id differs from the shell's says so."""
+    if _writer is not None:
+        _writer.instance = instance
 
 
 def instance_id() -> str:

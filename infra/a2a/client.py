@@ -116,6 +116,7 @@ class A2AClient:
                     dependency=self.audience,
                     operation=skill,
                     outcome=outcome,
+                    replayed=False,  # whether the peer acted again, its own calls say (payment-agent journals them)
                     duration_ms=round((time.perf_counter() - started) * 1000, 1),
                 )
 

@@ -24,7 +24,7 @@ from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
 import httpx
-from fastapi import FastAPI, Header, Path, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Path, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -33,14 +33,15 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from domain.booking import MAX_NIGHTS, check_checkin
 from infra.auth import admin_token
 from infra.bookings import BookingStore
+from infra.clients import ProviderUnavailableError
 from infra.journal import read_journal
 from infra.service import create_service_app, error_body, get_redis
 from infra.settings import Settings, get_settings
 from recovery import DeadLetterQueue, RecoveryQueue
 from stack.console import stack_paths
 from stack.control import call, supervisor_running
-from stack.errors import StackError
-from stack.services import SERVICES, UnknownServiceError, get_service
+from stack.errors import ConsoleForbiddenError, ConsoleRefusedError, StackError
+from stack.services import SERVICES
 from stack.state import StackPaths, read_state
 
 __all__ = ["FINAL_KINDS", "OVERVIEW_INTERVAL_S", "create_app"]
@@ -298,6 +299,11 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(error_body(code, message), status_code=status)
 
 
+def _field_error(where: str, name: str, message: str) -> HTTPException:
+    """FastAPI's own 422 shape (``detail[].loc`` names the field), for a check a type annotation cannot make."""
+    return HTTPException(status_code=422, detail=[{"loc": [where, name], "msg": message, "type": "value_error"}])
+
+
 def _relayed(response: httpx.Response) -> Response:
     """booking-agent's or a provider's answer, passed on as it is (status, JSON body, ``Retry-After``)."""
     headers = {"Retry-After": response.headers["Retry-After"]} if "Retry-After" in response.headers else None
@@ -314,7 +320,7 @@ async def _to_booking_agent(
             return _relayed(await send(watcher.http, url))
         except httpx.HTTPError as exc:
             last = f"booking-agent at {url} unreachable ({type(exc).__name__})"
-    return _error(503, "unavailable", last)
+    raise ProviderUnavailableError(last, provider="booking-agent")
 
 
 def _sse_event(lines: list[str]) -> tuple[str | None, str | None, str]:
@@ -495,19 +501,18 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
 
     @app.post("/api/services/{target}/{op}", tags=["console"])
     async def control(request: Request, target: str, op: Literal["kill", "stop", "start"]) -> Response:
-        try:
-            get_service(target.partition(":")[0])
-        except UnknownServiceError as exc:
-            return _error(422, "invalid_request", f"target: {exc}")
-        if target.partition(":")[0] == "console":
-            return _error(422, "invalid_request", "target: the console does not stop itself; use `concierge stop`")
+        service = target.partition(":")[0]
+        if service not in SERVICES:
+            raise _field_error("path", "target", f"unknown service {service!r}; valid names: {', '.join(SERVICES)}")
+        if service == "console":
+            raise _field_error("path", "target", "the console does not stop itself; use `concierge stop console`")
         watcher = watcher_of(request)
         if not supervisor_running(watcher.paths):
-            return _error(403, "forbidden", "no supervisor: kill/stop/start work under `concierge up` only")
+            raise ConsoleForbiddenError("no supervisor: kill/stop/start work under `concierge up` only")
         try:
             answer = await call(watcher.paths, op, target=target, answer_within_s=120)
-        except StackError as exc:
-            return _error(409, "rejected", str(exc))
+        except StackError as exc:  # the supervisor's own one line: an unknown replica, a stack still starting...
+            raise ConsoleRefusedError(str(exc)) from exc
         answer.pop("ok", None)
         return JSONResponse(answer)
 
@@ -517,16 +522,16 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
 async def _admin_faults(watcher: Watcher, provider: str, method: str, body: dict[str, Any] | None) -> Response:
     token = admin_token()
     if token is None:
-        return _error(403, "forbidden", "CONCIERGE_ADMIN_TOKEN is not set: the providers' fault routes are off")
+        raise ConsoleForbiddenError("CONCIERGE_ADMIN_TOKEN is not set: the providers' fault routes are off")
     url = await watcher.provider(provider)
     if url is None:
-        return _error(503, "unavailable", f"{provider} is not part of the running stack")
+        raise ConsoleRefusedError(f"{provider} is not part of the running stack")
     try:
         response = await watcher.http.request(
             method, f"{url}/admin/faults", json=body, headers={"Authorization": f"Bearer {token}"}
         )
     except httpx.HTTPError as exc:
-        return _error(503, "unavailable", f"{provider} unreachable ({type(exc).__name__})")
+        raise ProviderUnavailableError(f"{provider} unreachable ({type(exc).__name__})", provider=provider) from exc
     if response.status_code == 204:
         return Response(status_code=204)
     return _relayed(response)
