@@ -43,3 +43,14 @@ def test_bookings_in_flight_and_harmless_leftovers_are_not_judged() -> None:
     reservations = [hold("b1", "held"), hold("b2", "held"), hold("old", "cancelled")]
     charges = [charge("b2", "captured"), charge("old", "declined")]
     assert disagreements(bookings, reservations, charges) == []
+
+
+def test_a_cancelled_booking_is_held_to_the_promise_of_a_failed_one() -> None:
+    bookings = {"released": "cancelled", "refunded": "cancelled", "untouched": "cancelled", "kept": "cancelled"}
+    reservations = [hold("released", "cancelled"), hold("refunded", "cancelled"), hold("kept", "confirmed")]
+    charges = [charge("refunded", "refunded"), charge("kept", "captured")]
+    found = {(d.reference, d.status, d.problem) for d in disagreements(bookings, reservations, charges)}
+    assert found == {
+        ("kept", "cancelled", "reservations {'confirmed': 1}: a room is kept"),
+        ("kept", "cancelled", "1 captured charge(s) not refunded"),
+    }
