@@ -2,7 +2,9 @@
 
 ``POST /bookings`` validates, records the booking and its run (with a lease) in Redis, answers **202**, and runs
 the booking graph in a background task (thread id = booking id, budget ``BOOKING_BUDGET_S``). ``GET
-/bookings/{id}?wait=`` long-polls the outcome. The A2A skill ``book_hotel`` does both in one call.
+/bookings/{id}?wait=`` long-polls the outcome. The A2A skill ``book_hotel`` does both in one call (and streams the
+journal over ``message/stream``). ``GET /bookings/{id}/events`` serves a booking's journal (``infra.journal``), as
+JSON or live as Server-Sent Events; ``GET /bookings`` lists the bookings, newest first.
 
 Nothing is accepted that is not durable first: if this process dies after the 202, the run's lease expires and the
 recovery worker resumes it from its checkpoint. On SIGTERM the service stops taking bookings, stops its runs at the
