@@ -418,8 +418,9 @@ PING_S = 15.0
 """Keep-alive comments while a stream waits (proxies close silent connections)."""
 SEND_TIMEOUT_S = 30.0
 """A client that takes no bytes for this long is dropped: a stream never queues more than one send for it."""
-STREAM_ID_PATTERN = r"^\d{1,19}-\d{1,19}$"
-"""An entry id (``<ms>-<seq>``), both parts within Redis's 64-bit range."""
+STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
+"""An entry id (``<ms>-<seq>``; ``<ms>`` alone: after every entry of that millisecond, ``0``: from the start), each
+part within Redis's 64-bit range."""
 BookingId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
@@ -510,7 +511,8 @@ async def list_bookings(
 async def booking_events(
     request: Request,
     booking_id: BookingId,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
+    # a string defaulting to "" (none), not an optional one: the schema then has no `null` for a header to carry
+    last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = "",
 ) -> Any:
     """The journal as JSON, or followed live as SSE (resumes after `Last-Event-ID`, on any replica)."""
     redis = app.state.redis
@@ -518,9 +520,9 @@ async def booking_events(
     if await store.status(booking_id) is None:
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
     if "text/event-stream" not in request.headers.get("accept", ""):
-        return {"booking_id": booking_id, "events": await read_journal(redis, booking_id, after=last_event_id)}
+        return {"booking_id": booking_id, "events": await read_journal(redis, booking_id, after=last_event_id or None)}
     return EventSourceResponse(
-        _follow(redis, store, booking_id, last_event_id),
+        _follow(redis, store, booking_id, last_event_id or None),
         ping=PING_S,
         send_timeout=SEND_TIMEOUT_S,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
