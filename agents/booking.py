@@ -2,7 +2,9 @@
 
 ``POST /bookings`` validates, records the booking and its run (with a lease) in Redis, answers **202**, and runs
 the booking graph in a background task (thread id = booking id, budget ``BOOKING_BUDGET_S``). ``GET
-/bookings/{id}?wait=`` long-polls the outcome. The A2A skill ``book_hotel`` does both in one call.
+/bookings/{id}?wait=`` long-polls the outcome. The A2A skill ``book_hotel`` does both in one call (and streams the
+journal over ``message/stream``). ``GET /bookings/{id}/events`` serves a booking's journal (``infra.journal``), as
+JSON or live as Server-Sent Events; ``GET /bookings`` lists the bookings, newest first.
 ``POST /bookings/{id}/cancel`` sets the booking's cancel flag in Redis; whichever process runs the saga stops at its
 next step boundary, compensates and ends it ``cancelled`` (docs/cancel.md). Any replica answers any booking.
 
@@ -424,8 +426,9 @@ PING_S = 15.0
 """Keep-alive comments while a stream waits (proxies close silent connections)."""
 SEND_TIMEOUT_S = 30.0
 """A client that takes no bytes for this long is dropped: a stream never queues more than one send for it."""
-STREAM_ID_PATTERN = r"^\d{1,19}-\d{1,19}$"
-"""An entry id (``<ms>-<seq>``), both parts within Redis's 64-bit range."""
+STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
+"""An entry id (``<ms>-<seq>``; ``<ms>`` alone: after every entry of that millisecond, ``0``: from the start), each
+part within Redis's 64-bit range."""
 
 
 class JournalEntry(BaseModel):
@@ -515,7 +518,8 @@ async def list_bookings(
 async def booking_events(
     request: Request,
     booking_id: BookingId,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
+    # a string defaulting to "" (none), not an optional one: the schema then has no `null` for a header to carry
+    last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = "",
 ) -> Any:
     """The journal as JSON, or followed live as SSE (resumes after `Last-Event-ID`, on any replica)."""
     redis = app.state.redis
@@ -523,9 +527,9 @@ async def booking_events(
     if await store.status(booking_id) is None:
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
     if "text/event-stream" not in request.headers.get("accept", ""):
-        return {"booking_id": booking_id, "events": await read_journal(redis, booking_id, after=last_event_id)}
+        return {"booking_id": booking_id, "events": await read_journal(redis, booking_id, after=last_event_id or None)}
     return EventSourceResponse(
-        _follow(redis, store, booking_id, last_event_id),
+        _follow(redis, store, booking_id, last_event_id or None),
         ping=PING_S,
         send_timeout=SEND_TIMEOUT_S,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},

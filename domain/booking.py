@@ -1,4 +1,4 @@
-"""A booking's vocabulary, in one place: the stay rules, the booking statuses and the error codes.
+"""A booking's vocabulary, in one place: the stay rules, the booking statuses, the journal kinds and the error codes.
 
 Every floor speaks it: the booking API and the CLI validate with it, the search and booking graphs check stays
 with it, the simulated hotel-api prices stays with it, and the error table (``infra.error_table``) answers in its

@@ -5,7 +5,8 @@ writer's instance id, as in lease owners) and the kind's own fields (``docs/jour
 (``JOURNAL_MAX_LEN``, trimmed approximately) and expires ``JOURNAL_TTL_S`` after its last entry.
 
 Writing is cheap on purpose: ``note`` / ``JournalWriter.record`` only queue the entry; one background task per
-process sends everything queued in one script call (so a step's entries ride on one round trip, in order). The
+process sends everything queued within a few milliseconds in one script call (so a burst of entries rides on one
+round trip, in order). The
 ``accepted`` entry and the final one (``confirmed``/``failed``/``cancelled``) are written by the booking record's
 own scripts (``infra.bookings``), atomically with the status they report; the append script refuses anything after
 a final status, so a journal always ends with its final entry. Deep code (clients, resilience hooks, graph nodes)
@@ -60,6 +61,8 @@ ENTRY_FIELD: Final = "e"
 """The one field of a stream entry: the entry's JSON."""
 MAX_PENDING: Final = 10_000
 """Entries queued in one process while Redis does not answer; past it the oldest are dropped (and logged)."""
+BATCH_WINDOW_S: Final = 0.005
+"""How long the writer lets entries gather before it sends them (not when a final status waits for them)."""
 _SECRET_WORDS: Final = ("token", "secret", "password", "authorization", "card")
 
 # KEYS: stream₁, booking₁, stream₂, booking₂, ... | ARGV: max_len, ttl_s, entry₁, entry₂, ...
@@ -112,6 +115,7 @@ class JournalWriter:
         self.ttl_s = settings.journal_ttl_s
         self._pending: list[tuple[str, str]] = []
         self._drain: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()
 
     def record(self, booking_id: str, kind: JournalKind | str, **fields: Any) -> None:
         """Queue one entry for ``booking_id``; it is written within a round trip, in order, without waiting."""
@@ -126,10 +130,17 @@ class JournalWriter:
     async def flush(self) -> None:
         """Wait until every entry recorded so far is written (or its write failed, which is logged)."""
         while self._drain is not None and not self._drain.done():
+            self._now.set()  # no batching window: someone waits
             await asyncio.wait({self._drain})
 
     async def _write_all(self) -> None:
         while self._pending:
+            # a step's entries come in bursts (a step ends, the next starts, a call ends): one write for the burst
+            if not self._now.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(BATCH_WINDOW_S):
+                        await self._now.wait()
+            self._now.clear()
             batch, self._pending = self._pending, []
             keys: list[str] = []
             for booking_id, _ in batch:
@@ -139,6 +150,7 @@ class JournalWriter:
             except Exception:
                 # the journal tells the story; it must never stop the story: the booking's own writes fail loudly
                 logger.warning("journal: could not write %d entries", len(batch), exc_info=True)
+        self._now.clear()
 
 
 # ----------------------------------------------------------------------------------------- process-wide writer

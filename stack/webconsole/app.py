@@ -63,6 +63,8 @@ CONSOLE_HEADER = "X-Concierge-Console"
 and the console answers no preflight."""
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BookingId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
+"""A journal entry id as booking-agent takes it in ``Last-Event-ID`` (``<ms>-<seq>``, or ``<ms>`` alone)."""
 
 
 # ----------------------------------------------------------------------------------------------------- inputs
@@ -464,7 +466,7 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
     async def timeline(
         request: Request,
         booking_id: BookingId,
-        last_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=r"^\d{1,20}-\d{1,20}$")] = None,
+        last_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
     ) -> EventSourceResponse:
         watcher = watcher_of(request)
         redis = await get_redis(request)
