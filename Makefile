@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock compose-check api-check test lint bench up clean
+.PHONY: install lock compose-check api-check test lint bench up console-screenshot clean
 
 # Installs requirements-dev.lock exactly (hashes checked; packages not in it removed): uv from its pin there (pip),
 # then uv for the rest, then the project itself, editable. Refuses a lock that pyproject.toml has moved away from.
@@ -51,6 +51,11 @@ bench: $(STAMP)
 # The whole stack as local processes until Ctrl-C; e.g. make up UP_ARGS="--detach --scale booking-agent=2".
 up: $(STAMP)
 	$(BIN)/concierge up $(UP_ARGS)
+
+# The README's picture of the web console mid-recovery: the browser test (headless Chromium, a booking whose agent is
+# killed from the page) copies its screenshot to docs/console.png.
+console-screenshot: $(STAMP)
+	CONSOLE_SCREENSHOT=docs/console.png $(BIN)/python -m pytest -q tests/e2e/test_console_browser.py
 
 clean:
 	rm -rf $(VENV) .concierge .pytest_cache .mypy_cache .ruff_cache

@@ -2,7 +2,9 @@
 
 ``POST /bookings`` validates, records the booking and its run (with a lease) in Redis, answers **202**, and runs
 the booking graph in a background task (thread id = booking id, budget ``BOOKING_BUDGET_S``). ``GET
-/bookings/{id}?wait=`` long-polls the outcome. The A2A skill ``book_hotel`` does both in one call.
+/bookings/{id}?wait=`` long-polls the outcome. The A2A skill ``book_hotel`` does both in one call (and streams the
+journal over ``message/stream``). ``GET /bookings/{id}/events`` serves a booking's journal (``infra.journal``), as
+JSON or live as Server-Sent Events; ``GET /bookings`` lists the bookings, newest first.
 ``POST /bookings/{id}/cancel`` sets the booking's cancel flag in Redis; whichever process runs the saga stops at its
 next step boundary, compensates and ends it ``cancelled`` (docs/cancel.md). Any replica answers any booking.
 
@@ -19,33 +21,41 @@ waits for a full bulkhead within its budget (``wait_for_slots``) instead of fail
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import hashlib
 import json
 import logging
+import math
+import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import date
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, HTTPException, Path, Query, Response
+from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from domain.booking import (
+    FINAL_BOOKING_STATUSES,
     MAX_GUESTS,
     MIN_GUESTS,
     BookingFinalError,
     BookingStatus,
     ErrorCode,
+    JournalKind,
     check_checkin,
     check_nights,
     parse_iso_date,
 )
 from graph.booking import BookingDeps, booking_input, build_booking_graph, open_booking_deps
-from infra.a2a.server import Skill, mount_a2a
+from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.journal import is_final, name_instance, read_journal
 from infra.service import create_service_app
 from infra.service.openapi import (
     RETRY_AFTER,
@@ -290,6 +300,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         graph = build_booking_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
         instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+        name_instance(instance)  # the journal names the process as its run leases do
         # never waited for (try_hold), and a run bounds itself: acquire_timeout and timeout are not used
         slots = bulkhead_registry.configure(
             RUNS_BULKHEAD,
@@ -405,6 +416,159 @@ async def get_booking(
     return booking
 
 
+# ------------------------------------------------------------------------------------------ journal and list
+
+FOLLOW_POLL_S = 0.2
+"""How often a live stream looks for new journal entries (any process, any replica may write them)."""
+FOLLOW_STATUS_EVERY = 5
+"""Idle polls between two looks at the booking's status (a journal that lost its final entry still ends)."""
+PING_S = 15.0
+"""Keep-alive comments while a stream waits (proxies close silent connections)."""
+SEND_TIMEOUT_S = 30.0
+"""A client that takes no bytes for this long is dropped: a stream never queues more than one send for it."""
+STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
+"""An entry id (``<ms>-<seq>``; ``<ms>`` alone: after every entry of that millisecond, ``0``: from the start), each
+part within Redis's 64-bit range."""
+
+
+class JournalEntry(BaseModel):
+    """One journal entry (documentation only): ``kind`` and its own fields (README, docs/journal.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(description="The entry's stream id (SSE `id:`; send it back as `Last-Event-ID` to resume).")
+    kind: JournalKind
+    at: str = Field(description="ISO 8601 UTC.")
+    instance: str = Field(description="The process that wrote it (as in run lease owners).")
+
+
+class Journal(BaseModel):
+    booking_id: str
+    events: list[JournalEntry]
+
+
+class BookingSummary(BaseModel):
+    booking_id: str
+    status: BookingStatus
+    created_at: str | None
+    updated_at: str | None
+
+
+class BookingPage(BaseModel):
+    bookings: list[BookingSummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; `null` on the last one.")
+
+
+def _field_error(where: str, name: str, message: str) -> HTTPException:
+    return HTTPException(status_code=422, detail=[{"loc": [where, name], "msg": message, "type": "value_error"}])
+
+
+def _encode_cursor(position: tuple[float, str]) -> str:
+    return base64.urlsafe_b64encode(f"{position[0]!r}|{position[1]}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        score, booking_id = raw.split("|", 1)
+        position = float(score)
+    except (ValueError, UnicodeDecodeError):
+        raise _field_error("query", "cursor", "not a cursor this API gave out (use next_cursor as it is)") from None
+    if not math.isfinite(position) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", booking_id):
+        raise _field_error("query", "cursor", "not a cursor this API gave out (use next_cursor as it is)")
+    return position, booking_id
+
+
+@app.get(
+    "/bookings",
+    response_model=BookingPage,
+    responses=answers(validation_error("`status` is not a booking status, or `cursor` is not one this API gave out.")),
+)
+async def list_bookings(
+    status: Annotated[BookingStatus | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+) -> BookingPage:
+    """Bookings newest first, a page at a time (kept for `JOURNAL_TTL_S`)."""
+    store: BookingStore = app.state.booking.bookings
+    position = _decode_cursor(cursor) if cursor is not None else None
+    found, last = await store.page(status=None if status is None else str(status), limit=limit, cursor=position)
+    return BookingPage(
+        bookings=[BookingSummary.model_validate(item) for item in found],
+        next_cursor=None if last is None else _encode_cursor(last),
+    )
+
+
+@app.get(
+    "/bookings/{booking_id}/events",
+    responses={
+        200: {
+            "model": Journal,
+            "description": "The booking's journal, oldest first. With `Accept: text/event-stream`: Server-Sent "
+            "Events, live, one per entry (`id:` the entry id, `data:` the entry as JSON), keep-alive comments "
+            "while waiting; the stream ends after the final entry (`confirmed`, `failed`, `cancelled`).",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **answers(
+            detail(404, description="No booking with this id."),
+            validation_error("`Last-Event-ID` is not an entry id."),
+        ),
+    },
+)
+async def booking_events(
+    request: Request,
+    booking_id: BookingId,
+    # a string defaulting to "" (none), not an optional one: the schema then has no `null` for a header to carry
+    last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = "",
+) -> Any:
+    """The journal as JSON, or followed live as SSE (resumes after `Last-Event-ID`, on any replica)."""
+    redis = app.state.redis
+    store: BookingStore = app.state.booking.bookings
+    if await store.status(booking_id) is None:
+        raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        return {"booking_id": booking_id, "events": await read_journal(redis, booking_id, after=last_event_id or None)}
+    return EventSourceResponse(
+        _follow(redis, store, booking_id, last_event_id or None),
+        ping=PING_S,
+        send_timeout=SEND_TIMEOUT_S,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _follow(
+    redis: Any, store: BookingStore, booking_id: str, after: str | None
+) -> AsyncIterator[ServerSentEvent]:
+    async for entry in _entries(redis, store, booking_id, after):
+        yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
+
+
+async def _entries(
+    redis: Any, store: BookingStore, booking_id: str, after: str | None
+) -> AsyncIterator[dict[str, Any]]:
+    """Every entry after ``after``, then new ones as they are written, until the final one."""
+    idle = 0
+    while True:
+        entries = await read_journal(redis, booking_id, after=after, count=100)
+        for entry in entries:
+            after = entry["id"]
+            yield entry
+            if is_final(entry):
+                return
+        if entries:
+            idle = 0
+            continue
+        idle += 1
+        if idle % FOLLOW_STATUS_EVERY == 0:
+            status = await store.status(booking_id)
+            # final status and final entry are written together: one more read finds it, unless it was trimmed
+            if status is None or status in FINAL_BOOKING_STATUSES:
+                for entry in await read_journal(redis, booking_id, after=after):
+                    yield entry
+                return
+        await asyncio.sleep(FOLLOW_POLL_S)
+
+
 @app.post(
     "/bookings/{booking_id}/cancel",
     status_code=202,
@@ -444,11 +608,20 @@ async def cancel_booking(booking_id: BookingId, response: Response) -> dict[str,
 
 
 async def book_hotel(data: dict[str, Any]) -> dict[str, Any]:
-    """A2A: accept a booking and wait (within the caller's budget) for its outcome."""
+    """A2A: accept a booking and wait (within the caller's budget) for its outcome; streamed (``message/stream``),
+    every journal entry on the way is a ``working`` status update."""
     client_key = data.pop("idempotency_key", None)
     request = BookingRequest.model_validate(data)  # a ValidationError answers invalid_request (the error table)
     booking_id, _ = await _service().admit(request, client_key if isinstance(client_key, str) else None)
-    booking = await app.state.booking.bookings.wait_final(booking_id, max(0.0, remaining_budget() - 0.1))
+    store: BookingStore = app.state.booking.bookings
+    if progress_wanted():
+        # message/stream: the booking's journal, entry by entry, as working updates; then the outcome
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, remaining_budget() - 0.1)):
+                async for entry in _entries(app.state.redis, store, booking_id, None):
+                    await report_progress({"booking_id": booking_id, "journal": entry})
+        return await store.get(booking_id) or {"booking_id": booking_id, "status": "pending"}
+    booking = await store.wait_final(booking_id, max(0.0, remaining_budget() - 0.1))
     return booking or {"booking_id": booking_id, "status": "pending"}
 
 
@@ -467,5 +640,6 @@ mount_a2a(
         )
     ],
     bulkhead="booking_agent",
+    streaming=True,
 )
 document_service_token(app, A2A_PATH)

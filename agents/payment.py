@@ -29,6 +29,8 @@ from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.clients.providers import PaymentApiClient
 from infra.error_table import skill_failure_from
+from infra.journal import flush as journal_flush
+from infra.journal import journal_scope
 from infra.service import create_service_app
 from infra.service.openapi import document_service_token
 from infra.settings import get_settings
@@ -67,12 +69,17 @@ def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
 
 async def _run(operation: str, state: dict[str, Any]) -> dict[str, Any]:
     config = {"configurable": {"thread_id": payment_thread_id(state["reference"], operation)}}
+    # the calls to payment-api go in the booking's journal (the reference is the booking id), written before we
+    # answer so they come before the booking's next step; this graph's own steps are not the booking's
     try:
-        result: dict[str, Any] = await app.state.payment_graph.ainvoke(
-            {**state, "operation": operation}, config, durability="sync"
-        )
+        with journal_scope(state["reference"], steps=False):
+            result: dict[str, Any] = await app.state.payment_graph.ainvoke(
+                {**state, "operation": operation}, config, durability="sync"
+            )
     except Exception as exc:
         raise skill_failure_from(exc) from exc
+    finally:
+        await journal_flush()
     error = result.get("error")
     if error:
         raise SkillFailure(error["code"], error["message"])

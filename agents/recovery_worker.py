@@ -42,6 +42,7 @@ from domain.booking import ErrorCode
 from graph.booking import build_booking_graph, open_booking_deps
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.journal import name_instance
 from infra.service import create_service_app
 from infra.settings import get_settings
 from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer
@@ -243,6 +244,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     redis: Redis = app.state.redis
     instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+    name_instance(instance)  # the journal names the process as its run leases do
     async with open_checkpointer() as saver, open_booking_deps(redis) as deps:
         app.state.checkpointer = saver
         graph = build_booking_graph(deps, saver)

@@ -10,7 +10,7 @@ The copies, stacks, databases and keys are removed at the end.
 
 The variants are diagnostics, not options: every layer removed here is one the issues require (tracing, the lease
 fence before a side effect, faults read from Redis on every provider request, progress statuses, the idempotency
-records of side-effect nodes) or a choice with a reason (the ``values`` stream gives the final state without
+records of side-effect nodes, every booking's journal) or a choice with a reason (the ``values`` stream gives the final state without
 reading the checkpoint back). No setting turns any of them off; the bench edits a throwaway copy.
 
 It also prices the booking's unavoidable parts in the same run, as ``bench.booking_throughput`` does (six bare
@@ -121,6 +121,35 @@ VARIANTS: tuple[Variant, ...] = (
                 "graph/idempotency.py",
                 "        return await self._complete(client, record, token, payload, ttl_s, span)\n",
                 "        return json.loads(payload)\n",
+            ),
+        ),
+    ),
+    Variant(
+        "journal",
+        "every booking's journal: the entries steps, calls and recovery queue (one batched script call per burst), "
+        "and the accepted and final entries in the booking record's scripts",
+        (
+            Edit(
+                "infra/journal.py",
+                "    scope = _scope.get()\n    if scope is None or _writer is None:\n        return\n",
+                "    return\n",
+            ),
+            Edit(
+                "infra/journal.py",
+                "        self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))\n",
+                "        return\n",
+            ),
+            Edit(
+                "infra/bookings.py",
+                "\nredis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])\n"
+                "redis.call('EXPIRE', KEYS[3], ARGV[4])\n",
+                "\n",
+            ),
+            Edit(
+                "infra/bookings.py",
+                "  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])\n"
+                "  redis.call('EXPIRE', KEYS[3], ARGV[4])\n",
+                "",
             ),
         ),
     ),

@@ -1,7 +1,8 @@
-"""The booking vocabulary every floor speaks (``domain.booking``): stay rules, statuses, error codes."""
+"""The booking vocabulary every floor speaks (``domain.booking``): stay rules, statuses, error codes, journal kinds."""
 
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
+    FINAL_JOURNAL_KINDS,
     GUESTS_PER_ROOM,
     ISO_DATE_PATTERN,
     MAX_DAYS_AHEAD,
@@ -13,6 +14,7 @@ from domain.booking import (
     BookingStatus,
     ErrorCode,
     InvalidStayError,
+    JournalKind,
     check_checkin,
     check_guests,
     check_nights,
@@ -24,6 +26,7 @@ from domain.booking import (
 
 __all__ = [
     "FINAL_BOOKING_STATUSES",
+    "FINAL_JOURNAL_KINDS",
     "GUESTS_PER_ROOM",
     "ISO_DATE_PATTERN",
     "MAX_DAYS_AHEAD",
@@ -35,6 +38,7 @@ __all__ = [
     "BookingStatus",
     "ErrorCode",
     "InvalidStayError",
+    "JournalKind",
     "check_checkin",
     "check_guests",
     "check_nights",

@@ -1,4 +1,4 @@
-"""A booking's vocabulary, in one place: the stay rules, the booking statuses and the error codes.
+"""A booking's vocabulary, in one place: the stay rules, the booking statuses, the journal kinds and the error codes.
 
 Every floor speaks it: the booking API and the CLI validate with it, the search and booking graphs check stays
 with it, the simulated hotel-api prices stays with it, and the error table (``infra.error_table``) answers in its
@@ -14,6 +14,7 @@ from typing import Final
 
 __all__ = [
     "FINAL_BOOKING_STATUSES",
+    "FINAL_JOURNAL_KINDS",
     "GUESTS_PER_ROOM",
     "ISO_DATE_PATTERN",
     "MAX_DAYS_AHEAD",
@@ -25,6 +26,7 @@ __all__ = [
     "BookingStatus",
     "ErrorCode",
     "InvalidStayError",
+    "JournalKind",
     "check_checkin",
     "check_guests",
     "check_nights",
@@ -170,6 +172,37 @@ class BookingFinalError(Exception):
         self.booking_id = booking_id
         self.status = status
         self.message = message
+
+
+# ----------------------------------------------------------------------------------------------------- journal
+
+
+class JournalKind(StrEnum):
+    """What a booking's journal entry tells (``infra.journal``; the README has the table of fields).
+
+    Every entry also has ``at`` (ISO 8601 UTC) and ``instance`` (the process that wrote it). The final three are
+    the booking's final statuses: nothing is written to a journal after one of them.
+    """
+
+    ACCEPTED = "accepted"
+    STEP_STARTED = "step_started"
+    STEP_FINISHED = "step_finished"
+    CALL = "call"
+    """A call to a dependency; ``replayed: true`` when it answered from its stored result instead of acting again."""
+    RETRY_SCHEDULED = "retry_scheduled"
+    CIRCUIT_REJECTED = "circuit_rejected"
+    OWNER_LOST = "owner_lost"
+    QUEUED_FOR_RECOVERY = "queued_for_recovery"
+    RESUMED = "resumed"
+    HANDED_OFF = "handed_off"
+    COMPENSATION = "compensation"
+    CANCEL_REQUESTED = "cancel_requested"
+    CONFIRMED = "confirmed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_JOURNAL_KINDS: Final = frozenset({JournalKind.CONFIRMED, JournalKind.FAILED, JournalKind.CANCELLED})
 
 
 # ------------------------------------------------------------------------------------------------- error codes

@@ -52,7 +52,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
-from domain.booking import BookingStatus, ErrorCode, InvalidStayError, validate_stay
+from domain.booking import BookingStatus, ErrorCode, InvalidStayError, JournalKind, validate_stay
 from graph.idempotency import idempotency_key, idempotent_node
 from graph.tracing import traced_node
 from infra.a2a.client import A2AClient
@@ -60,6 +60,7 @@ from infra.bookings import BookingStore
 from infra.clients.errors import NoAvailabilityError
 from infra.clients.providers import HotelApiClient
 from infra.error_table import answer_for
+from infra.journal import note
 from infra.payment_tokens import PaymentTokens
 from infra.settings import get_settings
 from resilience import policy_for
@@ -270,6 +271,13 @@ async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingD
 async def compensate(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
     # no side effect: says the booking is being undone, then release_hold and refund run side by side
     progress(deps, state, BookingStatus.COMPENSATING)
+    error = state.get("error") or {}
+    note(
+        JournalKind.COMPENSATION,
+        reason=error.get("code"),
+        release_hold=bool(state.get("reservation_id")),
+        refund=bool(state.get("payment_id") or state.get("charge_attempted")),
+    )
     await deps.payment_tokens.drop(state["booking_id"])  # no charge will be made any more
     # only an error or a cancel leads here: without an error, the edge found the booking's cancel flag
     return {} if state.get("error") else CANCELLED

@@ -48,8 +48,11 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from domain.booking import JournalKind
 from graph.contract import F, NodeFn, check_node, thread_id_of
 from graph.errors import ClaimLostError, IdempotencyStoreError, MissingThreadIdError, NodeResultError
+from infra.journal import note
+from infra.metrics import count_duplicate_prevented
 from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
 from resilience.budget import remaining_budget
@@ -263,6 +266,16 @@ class _Idempotent:
         stored, waited = await self._claim_or_wait(client, record, token, max(1, math.ceil(lease_s * 1000)))
         if stored is not None:
             span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "waited" if waited else "replayed")
+            # the node answered from its stored result: its side effect is not made again
+            count_duplicate_prevented(f"node:{self.name}")
+            note(
+                JournalKind.CALL,
+                dependency="idempotency-record",
+                operation=self.name,
+                outcome="stored",
+                idempotency_key=stable_key,
+                replayed=True,
+            )
             return stored
         span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "took_over" if waited else "executed")
 
@@ -365,6 +378,7 @@ class _Idempotent:
         if outcome == "done":
             logger.warning("node %r lost its claim on %r; returning the other owner's result", self.name, record)
             span.set_attribute(ATTR_IDEMPOTENCY_OUTCOME, "lost_claim_replayed")
+            count_duplicate_prevented(f"node:{self.name}")
             return cast(dict[str, Any], json.loads(text(reply[1])))
         raise ClaimLostError(self.name, record, text(reply[1]))
 

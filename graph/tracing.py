@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -18,7 +19,9 @@ from langgraph.errors import GraphBubbleUp
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from domain.booking import JournalKind
 from graph.contract import F, check_node, thread_id_of
+from infra.journal import current_scope, note
 from resilience.budget import remaining_budget
 from resilience.switches import Restore
 
@@ -78,7 +81,8 @@ def traced_node(name: str) -> Callable[[F], F]:
 
     Attributes: ``langgraph.node``, ``langgraph.thread_id`` (when the config has one), ``service.name``,
     ``concierge.budget_remaining_s`` (the timeout budget left when the node starts). An
-    exception is recorded and sets ERROR status, then re-raised. LangGraph control flow (interrupts, parent
+    exception is recorded and sets ERROR status, then re-raised. Inside a ``journal_scope`` (a booking run) it also
+    journals ``step_started`` and ``step_finished`` (attempt, outcome, duration; the scope adds the fence). LangGraph control flow (interrupts, parent
     commands) and cancellation are not failures of the node: they end the span without ERROR.
     """
 
@@ -95,6 +99,15 @@ def traced_node(name: str) -> Callable[[F], F]:
                 attributes[ATTR_THREAD_ID] = thread_id
             if entry.service is not None:
                 attributes[ATTR_SERVICE] = entry.service
+            scope = current_scope()
+            if scope is not None and not scope.steps:
+                scope = None
+            attempt = 0
+            if scope is not None:
+                attempt = scope.attempts[name] = scope.attempts.get(name, 0) + 1
+                note(JournalKind.STEP_STARTED, step=name, attempt=attempt)
+            started = time.perf_counter()
+            outcome = "ok"
             with entry.tracer.start_as_current_span(
                 f"node {name}", attributes=attributes, record_exception=False, set_status_on_exception=False
             ) as span:
@@ -105,11 +118,23 @@ def traced_node(name: str) -> Callable[[F], F]:
                     raise
                 except asyncio.CancelledError:
                     span.set_attribute("cancelled", True)
+                    outcome = "cancelled"
                     raise
                 except Exception as exc:
                     span.record_exception(exc)
                     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                    outcome = type(exc).__name__
                     raise
+                finally:
+                    if scope is not None:
+                        duration_ms = round((time.perf_counter() - started) * 1000, 1)
+                        note(
+                            JournalKind.STEP_FINISHED,
+                            step=name,
+                            attempt=attempt,
+                            outcome=outcome,
+                            duration_ms=duration_ms,
+                        )
 
         return cast(F, node)
 

@@ -26,8 +26,12 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 
-from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus
-from infra.redis import RedisScript, key, text
+from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus, JournalKind
+from infra import journal
+from infra.journal import encode_entry, instance_id, journal_key
+from infra.metrics import count_cancel_request, count_final
+from infra.redis import BOOKINGS_TAG, RedisScript, key, text
+from infra.settings import get_settings
 
 logger = logging.getLogger(__name__)
 
@@ -55,22 +59,31 @@ PUBLIC_FIELDS: Final = (
 FALLBACK_POLL_S: Final = 0.25
 FALLBACK_POLL_MAX_S: Final = 1.0
 _JSON_FIELDS: Final = frozenset({"error", "guests", "total_price"})
-BOOKINGS_TAG: Final = "{bookings}"
-"""Redis Cluster hash tag of every key of a booking's acceptance (record, in-flight index, client key, payment
-token): one slot, so the scripts that touch two of them run on a cluster, and one ``WAIT`` after the acceptance's
-last write covers them all (docs/redis-ha.md)."""
+INDEX_MAX: Final = 100_000
+"""Bookings kept in the ``GET /bookings`` index (besides its retention, ``JOURNAL_TTL_S``); the oldest go first."""
 
-# Creates the record only once; a second create (a retried request, a racing replica) changes nothing.
+# Creates the record only once; a second create (a retried request, a racing replica) changes nothing. The same
+# call opens the booking's journal (``accepted``) and lists it in the index ``GET /bookings`` pages through, trimmed
+# to the journal's retention.
+# KEYS: booking, inflight, journal, index | ARGV: now, accepted entry, journal max len, ttl_s, index max, fields...
 _CREATE = RedisScript("""
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+redis.call('ZADD', KEYS[4], ARGV[1], ARGV[7])  -- the fields start 'booking_id', <id>
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (tonumber(ARGV[1]) - tonumber(ARGV[4])))
+redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -1 - tonumber(ARGV[5]))
 return 1
 """)
 
 # Final states are final: an update never moves a confirmed/failed/cancelled booking anywhere else. A final update
-# also answers with the whole record, which the long-polls waiting here return without reading it again. A final
-# ``failed`` of a booking whose cancel was requested is written ``cancelled``: the cancel asked for exactly that end.
+# also appends the journal's final entry (in the same step, so exactly one, whichever process gets there first) and
+# answers with the whole record, which the long-polls waiting here return without reading it again. A final
+# ``failed`` of a booking whose cancel was requested is written ``cancelled`` (its journal entry too): the cancel
+# asked for exactly that end.
+# KEYS: booking, inflight, journal | ARGV: final ('1'/'0'), final entry, journal max len, ttl_s, fields...
 _UPDATE = RedisScript("""
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-1} end
@@ -78,17 +91,24 @@ if status == 'confirmed' or status == 'failed' or status == 'cancelled' then ret
 if ARGV[1] == '1' then
   local fields = {}
   local cancelled = redis.call('HEXISTS', KEYS[1], 'cancel_requested_at') == 1
-  for i = 2, #ARGV, 2 do
+  for i = 5, #ARGV, 2 do
     local value = ARGV[i + 1]
-    if cancelled and ARGV[i] == 'status' and value == 'failed' then value = 'cancelled' end
+    if cancelled and ARGV[i] == 'status' and value == 'failed' then
+      value = 'cancelled'
+      local entry = cjson.decode(ARGV[2])  -- the final entry says what the record says
+      entry['kind'] = 'cancelled'
+      ARGV[2] = cjson.encode(entry)
+    end
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = value
   end
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZREM', KEYS[2], KEYS[1])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
+  redis.call('EXPIRE', KEYS[3], ARGV[4])
   return {1, redis.call('HGETALL', KEYS[1])}
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 return {1}
 """)
 
@@ -163,6 +183,11 @@ class BookingStore:
         return booking_key(booking_id)
 
     @staticmethod
+    def index_key() -> str:
+        """Every booking by creation time (epoch seconds): what ``GET /bookings`` pages through, newest first."""
+        return key(BOOKINGS_TAG, "bookings", "created")
+
+    @staticmethod
     def _inflight_key() -> str:
         return key(BOOKINGS_TAG, "inflight")
 
@@ -180,25 +205,50 @@ class BookingStore:
             "created_at": now,
             "updated_at": now,
         }
-        args = [now, *_flatten(fields)]
+        settings = get_settings()
+        accepted = encode_entry(
+            JournalKind.ACCEPTED,
+            instance_id(),
+            {
+                "city": request["city"],
+                "checkin": request["checkin"],
+                "checkout": request["checkout"],
+                "guests": request["guests"],
+                "hotel_id": request.get("hotel_id"),
+            },
+            at=now,
+        )
+        args = [now, accepted, settings.journal_max_len, settings.journal_ttl_s, INDEX_MAX, *_flatten(fields)]
+        keys = [self._key(booking_id), self._inflight_key(), journal_key(booking_id), self.index_key()]
         # durable: the last write before the 202; replicas that have it have everything written before it too
-        keys = [self._key(booking_id), self._inflight_key()]
         return bool(await _CREATE(self._redis, keys=keys, args=args, durable=True))
 
     async def update(self, booking_id: str, **fields: Any) -> bool:
         """Move a booking forward; False if it is already final (or unknown)."""
-        fields["updated_at"] = time.time()
-        final = "1" if fields.get("status") in FINAL_BOOKING_STATUSES else "0"
-        # a final status is durable: the checkpoint after ``finish`` says the run needs nothing more, so a failover
-        # that forgot this write would leave the booking unfinished for good
-        keys = [self._key(booking_id), self._inflight_key()]
-        reply = await _UPDATE(self._redis, keys=keys, args=[final, *_flatten(fields)], durable=final == "1")
+        now = fields["updated_at"] = time.time()
+        status = fields.get("status")
+        final = "1" if status in FINAL_BOOKING_STATUSES else "0"
+        entry = ""
+        if final == "1":
+            await journal.flush()  # this process's entries first: the final entry is the journal's last
+            entry = encode_entry(str(status), instance_id(), _final_fields(fields), at=now)
+        settings = get_settings()
+        reply = await _UPDATE(
+            self._redis,
+            keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+            args=[final, entry, settings.journal_max_len, settings.journal_ttl_s, *_flatten(fields)],
+            # a final status is durable: the checkpoint after ``finish`` says the run needs nothing more, so a
+            # failover that forgot this write would leave the booking unfinished for good
+            durable=final == "1",
+        )
         updated = int(reply[0]) == 1
-        waiters = self._waiters.get(booking_id)
-        if final == "1" and waiters:
-            if updated:
-                record = [text(value) for value in reply[1]]
-                self._finals[booking_id] = _view(dict(zip(record[::2], record[1::2], strict=True)))
+        if final == "1" and updated:
+            record = [text(value) for value in reply[1]]
+            raw = dict(zip(record[::2], record[1::2], strict=True))
+            _count_final(raw, now)
+            if booking_id in self._waiters:
+                self._finals[booking_id] = _view(raw)
+        if final == "1" and (waiters := self._waiters.get(booking_id)):
             for event in waiters:
                 event.set()
         return updated
@@ -212,10 +262,15 @@ class BookingStore:
         if status not in FINAL_BOOKING_STATUSES:
             raise ValueError(f"not a final status: {status!r}")
         fields["status"] = status
-        fields["updated_at"] = time.time()
-        # durable: see ``update``
+        now = fields["updated_at"] = time.time()
+        await journal.flush()  # this process's entries first: the final entry is the journal's last
+        entry = encode_entry(str(status), instance_id(), _final_fields(fields), at=now)
+        settings = get_settings()
         reply = await _UPDATE(
-            self._redis, keys=[self._key(booking_id), self._inflight_key()], args=["1", *_flatten(fields)], durable=True
+            self._redis,
+            keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+            args=["1", entry, settings.journal_max_len, settings.journal_ttl_s, *_flatten(fields)],
+            durable=True,  # see ``update``
         )
         outcome = int(reply[0])
         if outcome == -1:
@@ -223,7 +278,9 @@ class BookingStore:
         if outcome == 0:
             return text(reply[1]), False
         record = [text(value) for value in reply[1]]
-        final = _view(dict(zip(record[::2], record[1::2], strict=True)))
+        raw = dict(zip(record[::2], record[1::2], strict=True))
+        _count_final(raw, now)
+        final = _view(raw)
         if waiters := self._waiters.get(booking_id):
             self._finals[booking_id] = final
             for event in waiters:
@@ -240,6 +297,7 @@ class BookingStore:
             self._redis, keys=[self._key(booking_id)], args=[time.time()], durable=True
         )
         found = CancelOutcome(text(outcome))
+        count_cancel_request(found.value)
         if found is CancelOutcome.REQUESTED:
             logger.info("booking %s: cancel requested (was %s)", booking_id, text(status))
         return found, (text(status) or None)
@@ -330,6 +388,49 @@ class BookingStore:
                 self._waiters.pop(booking_id, None)
                 self._finals.pop(booking_id, None)
 
+    async def page(
+        self, *, status: str | None, limit: int, cursor: tuple[float, str] | None
+    ) -> tuple[list[dict[str, Any]], tuple[float, str] | None]:
+        """Bookings newest first (``status`` only, when given), after ``cursor``; and the cursor of the next page.
+
+        The cursor is the last item's (creation time, id): equal times are ordered by id, so a page never repeats or
+        skips one. Reads the index in chunks and each chunk's statuses in one pipeline.
+        """
+        found: list[dict[str, Any]] = []
+        top: str = "+inf" if cursor is None else repr(cursor[0])
+        last = cursor
+        chunk = max(limit, 50)
+        while True:
+            raw: list[Any] = await self._redis.zrevrangebyscore(
+                self.index_key(), top, "-inf", start=0, num=chunk, withscores=True
+            )
+            items = [(text(member), float(score)) for member, score in raw]
+            if last is not None:  # the cursor's own time may still hold ids after it (smaller, in reverse order)
+                items = [(bid, sc) for bid, sc in items if sc < last[0] or (sc == last[0] and bid < last[1])]
+            if not items:
+                return found, None
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for booking_id, _ in items:
+                    pipe.hmget(self._key(booking_id), ["status", "created_at", "updated_at"])
+                rows = await pipe.execute()
+            for (booking_id, score), (row_status, created, updated) in zip(items, rows, strict=True):
+                last = (score, booking_id)
+                if row_status is None or (status is not None and text(row_status) != status):
+                    continue
+                found.append(
+                    {
+                        "booking_id": booking_id,
+                        "status": text(row_status),
+                        "created_at": _iso(float(text(created))) if created else None,
+                        "updated_at": _iso(float(text(updated))) if updated else None,
+                    }
+                )
+                if len(found) == limit:
+                    return found, last
+            if len(raw) < chunk:
+                return found, None
+            top = repr(items[-1][1])
+
     async def in_flight(self) -> int:
         return int(await self._redis.zcard(self._inflight_key()))
 
@@ -356,6 +457,25 @@ class BookingStore:
             return None
         bound_id, _, bound_hash = text(stored).partition(":")
         return bound_id, bound_hash == body_hash
+
+
+def _count_final(raw: Mapping[str, str], now: float) -> None:
+    """The booking's outcome and its time from acceptance, counted by the one process that wrote the final status."""
+    try:
+        seconds: float | None = now - float(raw["created_at"])
+    except (KeyError, ValueError):
+        seconds = None
+    count_final(raw.get("status", "unknown"), seconds)
+
+
+def _final_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """What a final journal entry tells: the outcome's ids, or the error code (never a token)."""
+    error = fields.get("error")
+    out = {name: fields.get(name) for name in ("hotel_id", "reservation_id", "payment_id", "total_price", "currency")}
+    if isinstance(error, Mapping):
+        out["error_code"] = error.get("code")
+        out["error_message"] = error.get("message")
+    return out
 
 
 def _view(raw: Mapping[str, str]) -> dict[str, Any]:

@@ -15,6 +15,9 @@ gauges, read from the registries when scraped (always current, and nothing on th
 - ``concierge_circuit_state{name}``: 0 closed, 1 open, 2 half-open
 - ``concierge_bulkhead_in_use{name}`` / ``concierge_bulkhead_max{name}``
 
+``story_metrics()`` adds what the bookings went through (outcomes, time to final, recovery time, duplicates
+prevented, cancel requests): see ``StoryMetrics``.
+
 Serve them with ``prometheus_client.generate_latest()`` (the service shell's ``/metrics``).
 """
 
@@ -23,9 +26,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -47,7 +51,18 @@ from resilience import (
 )
 from resilience.bulkhead import BulkheadRegistry
 
-__all__ = ["CIRCUIT_STATE_VALUES", "ResilienceMetrics", "install_resilience_metrics", "uninstall_resilience_metrics"]
+__all__ = [
+    "CIRCUIT_STATE_VALUES",
+    "ResilienceMetrics",
+    "StoryMetrics",
+    "count_cancel_request",
+    "count_duplicate_prevented",
+    "count_final",
+    "install_resilience_metrics",
+    "observe_recovery",
+    "story_metrics",
+    "uninstall_resilience_metrics",
+]
 
 CIRCUIT_STATE_VALUES: dict[str, int] = {CircuitState.CLOSED: 0, CircuitState.OPEN: 1, CircuitState.HALF_OPEN: 2}
 
@@ -225,3 +240,75 @@ def uninstall_resilience_metrics(registry: CollectorRegistry | None = None) -> N
         remove_hook(metrics.hook)
         for collector in metrics._collectors():
             registry.unregister(collector)
+
+
+# ------------------------------------------------------------------------------------------------- the story
+
+TIME_TO_FINAL_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+RECOVERY_TIME_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True)
+class StoryMetrics:
+    """What the bookings went through, the journal's story in numbers (the Grafana dashboard's rows):
+
+    - ``concierge_bookings_final_total{outcome}``: bookings that reached ``confirmed``/``failed``/``cancelled``,
+      counted once, by the process that wrote the final status
+    - ``concierge_booking_time_to_final_seconds{outcome}``: accepted → final
+    - ``concierge_recovery_time_seconds``: owner lost (its lease ran out, or it handed the run off) → resumed by a
+      recovery worker
+    - ``concierge_duplicates_prevented_total{source}``: calls answered from a stored result instead of acting again
+      (a provider's ``Idempotent-Replayed``, or an idempotent node's record)
+    - ``concierge_cancel_requests_total{outcome}``: ``POST /bookings/{id}/cancel`` by what it found
+    """
+
+    bookings_final: Counter
+    time_to_final: Histogram
+    recovery_time: Histogram
+    duplicates_prevented: Counter
+    cancel_requests: Counter
+
+
+@lru_cache(maxsize=1)
+def story_metrics() -> StoryMetrics:
+    """Registered in prometheus_client's global registry on first use; the service shell calls it at start-up, so
+    every service's ``/metrics`` lists them from the start (zero until something happens)."""
+    return StoryMetrics(
+        bookings_final=Counter("concierge_bookings_final", "Bookings that reached a final status", ["outcome"]),
+        time_to_final=Histogram(
+            "concierge_booking_time_to_final_seconds",
+            "Time from a booking's acceptance to its final status",
+            ["outcome"],
+            buckets=TIME_TO_FINAL_BUCKETS,
+        ),
+        recovery_time=Histogram(
+            "concierge_recovery_time_seconds",
+            "Time from a run's owner lost (lease expired or handed off) to its resume by a recovery worker",
+            buckets=RECOVERY_TIME_BUCKETS,
+        ),
+        duplicates_prevented=Counter(
+            "concierge_duplicates_prevented",
+            "Calls answered from a stored result instead of acting again (provider replays, idempotent nodes)",
+            ["source"],
+        ),
+        cancel_requests=Counter("concierge_cancel_requests", "Cancel requests, by what they found", ["outcome"]),
+    )
+
+
+def count_final(outcome: str, seconds: float | None) -> None:
+    metrics = story_metrics()
+    metrics.bookings_final.labels(outcome).inc()
+    if seconds is not None and seconds >= 0:
+        metrics.time_to_final.labels(outcome).observe(seconds)
+
+
+def count_duplicate_prevented(source: str) -> None:
+    story_metrics().duplicates_prevented.labels(source).inc()
+
+
+def observe_recovery(seconds: float) -> None:
+    story_metrics().recovery_time.observe(max(0.0, seconds))
+
+
+def count_cancel_request(outcome: str) -> None:
+    story_metrics().cancel_requests.labels(outcome).inc()

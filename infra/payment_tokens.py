@@ -12,8 +12,7 @@ from typing import Final
 
 from redis.asyncio import Redis
 
-from infra.bookings import BOOKINGS_TAG
-from infra.redis import key, text
+from infra.redis import BOOKINGS_TAG, key, text
 
 __all__ = ["TOKEN_TTL_S", "PaymentTokens"]
 

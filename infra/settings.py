@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(7 * 24 * 3600, validation_alias="IDEMPOTENCY_TTL_S", gt=0)
     idempotency_lease_s: float = Field(3.0, validation_alias="IDEMPOTENCY_LEASE_S", gt=0)
 
+    # every booking's journal (infra/journal.py): entries kept per booking, and for how long after the last one
+    # (also how long a booking stays in the GET /bookings index)
+    journal_max_len: int = Field(1000, validation_alias="JOURNAL_MAX_LEN", gt=0)
+    journal_ttl_s: int = Field(7 * 24 * 3600, validation_alias="JOURNAL_TTL_S", gt=0)
+
     # service-to-service: the per-deployment secret that signs every service token (infra/auth.py); no default,
     # a service refuses to start without it. CONCIERGE_SERVICE_TOKEN, the static bearer it replaces, is retired:
     # nothing reads it and no service accepts it.
@@ -101,6 +106,7 @@ class Settings(BaseSettings):
     payment_agent_url: str = Field("http://127.0.0.1:8002", validation_alias="PAYMENT_AGENT_URL")
     hotel_api_url: str = Field("http://127.0.0.1:8010", validation_alias="HOTEL_API_URL")
     payment_api_url: str = Field("http://127.0.0.1:8011", validation_alias="PAYMENT_API_URL")
+    recovery_worker_url: str = Field("http://127.0.0.1:8020", validation_alias="RECOVERY_WORKER_URL")
     instance_id: str | None = Field(None, validation_alias="CONCIERGE_INSTANCE_ID")
 
     # recovery

@@ -65,8 +65,10 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
-from domain.booking import ErrorCode
+from domain.booking import ErrorCode, JournalKind
 from infra.error_table import answer_for
+from infra.journal import writer
+from infra.metrics import observe_recovery
 from infra.settings import Settings, get_settings
 from recovery.errors import RecoveryStoreError
 from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
@@ -442,9 +444,15 @@ class RecoveryConsumer:
             if target.prepare is not None:
                 await target.prepare(record)
             snapshot = await graph.aget_state(config)
+        resumed = {"owner": lease.owner, "previous_owner": record.owner, "fence": lease.fence}
+        if not _is_final(snapshot) and record.lease_expires_at is not None:
+            # owner lost (its lease ran out, or it handed the run off) → resumed here (the lease's end is on Redis's
+            # clock, ours is compared with it: one host, or NTP)
+            observe_recovery(time.time() - record.lease_expires_at)
         if snapshot.created_at is None:
             run_input: dict[str, Any] | None = dict(record.input)
             logger.info("run %s: no checkpoint; starting from the stored input", record.thread_id)
+            _journal(record.thread_id, JournalKind.RESUMED, **resumed, at_step="search", checkpoint_id=None)
         elif _is_final(snapshot):
             await lease.finish(RunStatus.DONE)
             logger.info("run %s: checkpoint already final; marked done", record.thread_id)
@@ -455,6 +463,8 @@ class RecoveryConsumer:
             # pending); resuming applies those writes instead of running the tasks again
             where = ", ".join(task.name for task in snapshot.tasks)
             logger.info("run %s: resuming at %s", record.thread_id, where)
+            checkpoint_id = snapshot.config.get("configurable", {}).get("checkpoint_id")
+            _journal(record.thread_id, JournalKind.RESUMED, **resumed, at_step=where, checkpoint_id=checkpoint_id)
         return await execute_run(
             graph, lease, run_input, budget_s=self.config.budget_s, stop=self.stopping, hand_off=self.guard.safe_enqueue
         )
@@ -576,3 +586,9 @@ class RecoveryConsumer:
 def _is_final(snapshot: StateSnapshot) -> bool:
     # not ``next``: it omits finished tasks whose step checkpoint is missing, and those still have to be applied
     return not snapshot.tasks
+
+
+def _journal(thread_id: str, kind: JournalKind, **fields: Any) -> None:
+    journal = writer()
+    if journal is not None:
+        journal.record(thread_id, kind, **fields)

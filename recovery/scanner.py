@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
+from domain.booking import JournalKind
+from infra.journal import writer
 from infra.redis import RedisScript, text
 from infra.settings import get_settings
 from recovery.errors import redis_errors
@@ -80,11 +82,30 @@ class OrphanScanner:
             for result in await self.guard.enqueue_orphans(candidates):
                 if result.outcome is EnqueueOutcome.QUEUED:
                     enqueued.append(result.thread_id)
+                    await self._journal(result.thread_id, result.depth)
             if len(candidates) < self.batch_size:
                 break
         if enqueued:
             logger.info("orphan scan queued %d run(s) for recovery: %s", len(enqueued), ", ".join(enqueued))
         return enqueued
+
+    async def _journal(self, thread_id: str, depth: int) -> None:
+        """``owner_lost`` (whose lease, expired how long ago, noticed by us) and ``queued_for_recovery``."""
+        journal = writer()
+        if journal is None:
+            return
+        try:
+            record = await self.store.get(thread_id)
+        except Exception:
+            logger.debug("run %s: could not read its record for the journal", thread_id, exc_info=True)
+            record = None
+        fields: dict[str, object] = {"noticed_by": journal.instance, "reason": "lease expired"}
+        if record is not None:
+            fields.update(owner=record.owner, fence=record.fence, lease_ttl_s=get_settings().run_lease_ttl_s)
+            if record.lease_expires_at is not None:
+                fields["expired_s_ago"] = round(max(0.0, time.time() - record.lease_expires_at), 2)
+        journal.record(thread_id, JournalKind.OWNER_LOST, **fields)
+        journal.record(thread_id, JournalKind.QUEUED_FOR_RECOVERY, queue_depth=depth)
 
     async def run(self) -> None:
         """Scan every ``interval`` until cancelled; a failed scan is logged and the loop carries on."""

@@ -8,6 +8,7 @@
 - a detached budget: the run was accepted, so it gets its own time, not the budget of the request that created it;
   and ``wait_for_slots``: a full bulkhead on its way is waited out within that budget, never a failure;
 - ``durability="sync"``: each step's checkpoint is on disk before the next step starts;
+- ``journal_scope``: the steps, calls and handoff of the run go in its booking's journal (thread id = booking id);
 - the ``stop`` event is checked at every step boundary: a graceful shutdown hands the run back (lease released,
   enqueued for recovery at once) instead of waiting for the lease to expire.
 
@@ -27,9 +28,10 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
-from domain.booking import ErrorCode
+from domain.booking import ErrorCode, JournalKind
 from graph.idempotency import fence_scope
 from infra.error_table import answer_for
+from infra.journal import journal_scope, note
 from resilience.budget import detached_budget, remaining_budget
 from resilience.bulkhead import wait_for_slots
 from resilience.errors import BudgetExhaustedError
@@ -87,6 +89,20 @@ async def execute_run(
     not fail the run: it pauses until the stores answer and the lease is still ours, then resumes from the last
     checkpoint. The pause counts against the run's budget; a lease taken over meanwhile ends it as ``LOST``.
     """
+    with journal_scope(lease.thread_id, fence=lease.fence):
+        return await _execute(graph, lease, input, budget_s=budget_s, stop=stop, hand_off=hand_off, sleep=sleep)
+
+
+async def _execute(
+    graph: CompiledStateGraph[Any, Any, Any, Any],
+    lease: RunLease,
+    input: dict[str, Any] | None,
+    *,
+    budget_s: float,
+    stop: asyncio.Event | None,
+    hand_off: HandOff | None,
+    sleep: Callable[[float], Awaitable[None]],
+) -> RunResult:
     config = run_config(lease.thread_id)
     run_input = input
     try:
@@ -107,6 +123,7 @@ async def execute_run(
                     run_input = None  # from the last checkpoint: the failed step runs again, its effects deduplicated
     except LeaseLostError as exc:
         logger.warning("run %s: lease lost (%s); leaving it to the new owner", lease.thread_id, exc)
+        note(JournalKind.OWNER_LOST, owner=lease.owner, noticed_by=lease.owner, reason=str(exc))
         return RunResult(RunOutcome.LOST, error=exc)
     except asyncio.CancelledError:
         # forced shutdown after the drain period: hand back what we can without blocking the cancellation
@@ -178,6 +195,7 @@ async def _wait_for_the_stores(
 
 async def _hand_off(lease: RunLease, hand_off: HandOff | None) -> RunResult:
     await lease.release()
+    note(JournalKind.HANDED_OFF, owner=lease.owner, reason="shutdown")
     if hand_off is not None:
         await hand_off(lease.thread_id)
     logger.info("run %s handed off for recovery at a step boundary", lease.thread_id)

@@ -26,6 +26,7 @@ means valid and they reach the real work instead of a 422:
 
 - a JSON Schema cannot say that ``checkout`` comes 1 to 30 nights after ``checkin``, nor that ``checkin`` is within
   the booking horizon from today: every stay becomes one that keeps those rules;
+- a ``GET /bookings`` cursor is one the API gave out, not any string: it becomes a position the API could have given;
 - ``Idempotency-Key`` names one operation: a generated key is a constant reused for every request, which the
   providers rightly refuse (422 ``idempotency_key_reused``); it gets a prefix derived from the request.
 
@@ -36,6 +37,7 @@ processor declines answers 402 ``card_declined`` (``CONFIG``). Negative cases ar
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import datetime as dt
 import hashlib
@@ -105,6 +107,13 @@ def _idempotency_key(case: Any, generated: str) -> str:
     return f"{digest}-{generated[:100]}".rstrip()
 
 
+def _cursor(generated: str) -> str:
+    """A cursor booking-agent could have given out (``GET /bookings``): the next page after a position (a creation
+    time and a booking id), which any generated string is not."""
+    booking_id = "".join(c for c in generated if c.isascii() and (c.isalnum() or c in "_-"))[:64] or "b"
+    return base64.urlsafe_b64encode(f"{float(len(generated))!r}|{booking_id}".encode()).decode().rstrip("=")
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     """Right before the request goes out, on the case as it will be sent (a phase may still change a case after
@@ -120,6 +129,9 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
             and _positive(case, location)
         ):
             setattr(case, name, _valid_stay(container))
+    query = case.query
+    if isinstance(query, dict) and isinstance(query.get("cursor"), str) and _positive(case, ParameterLocation.QUERY):
+        case.query = {**query, "cursor": _cursor(query["cursor"])}
     headers = case.headers
     if headers and isinstance(headers.get(IDEMPOTENCY_HEADER), str) and _positive(case, ParameterLocation.HEADER):
         headers = headers.copy()

@@ -93,7 +93,15 @@ STOP_PAYMENT_LATENCY_S = 8.0
 IN_FLIGHT_S = 1.0
 STARTUP_TIMEOUT_S = 240.0
 BOOKING_TIMEOUT_S = 90.0
-APP_SERVICES = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent", "recovery-worker")
+APP_SERVICES = (
+    "hotel-api",
+    "payment-api",
+    "search-agent",
+    "payment-agent",
+    "booking-agent",
+    "recovery-worker",
+    "console",
+)
 URLS = {
     "booking-agent": "http://127.0.0.1:8000",
     "hotel-api": "http://127.0.0.1:8010",

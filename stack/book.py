@@ -4,8 +4,9 @@
     concierge cancel <booking id> [--wait] [--url URL]
 
 Posts to the booking-agent with an ``Idempotency-Key``, so retrying the POST after a lost answer (the agent was
-restarting) never books twice, then polls ``GET /bookings/{id}`` and prints every status it sees
-(pending → searching → reserving → paying → confirming → confirmed). A booking-agent that is down for a moment
+restarting) never books twice, then follows the booking's journal (``GET /bookings/{id}/events``, SSE) and prints
+every status (pending → searching → reserving → paying → confirming → confirmed) with the story between them: an
+owner lost, the recovery worker resuming, a provider replaying a call instead of acting twice. A booking-agent that is down for a moment
 (killed, restarting) is waited for, on any of its replicas. Exit 0 only when the booking is confirmed.
 """
 
@@ -20,19 +21,29 @@ from typing import Any
 
 import httpx
 
-from domain.booking import FINAL_BOOKING_STATUSES, MAX_NIGHTS, PROGRESS, check_checkin, parse_iso_date
+from domain.booking import (
+    FINAL_BOOKING_STATUSES,
+    MAX_NIGHTS,
+    PROGRESS,
+    JournalKind,
+    check_checkin,
+    parse_iso_date,
+)
 from infra.settings import get_settings
 from stack.console import EXIT_FAILURE, EXIT_OK, Subparsers, one_line_errors, stack_paths
 from stack.control import supervisor_running
 from stack.errors import StackError, UsageError
+from stack.journal import STATUS_OF_STEP, describe, is_final, sse_entries, story_worthy
 from stack.state import read_state
 
-__all__ = ["booking_body", "register_book", "register_cancel", "steps_between"]
+__all__ = ["booking_agent_urls", "booking_body", "register_book", "register_cancel", "steps_between"]
 
 # Steps take tens of milliseconds: poll fast while things move, slower while a step waits (a slow provider).
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.25
 REQUEST_TIMEOUT_S = 5.0
+STREAM_READ_TIMEOUT_S = 40.0
+"""The journal stream sends a keep-alive every 15 s: this long without a byte means the connection is dead."""
 
 
 def register_book(subparsers: Subparsers) -> None:
@@ -92,7 +103,7 @@ def steps_between(previous: str | None, current: str) -> list[str]:
     return list(PROGRESS[start : PROGRESS.index(current)])
 
 
-def _booking_agent_urls(explicit: str | None) -> list[str]:
+def booking_agent_urls(explicit: str | None) -> list[str]:
     if explicit:
         return [explicit.rstrip("/")]
     paths = stack_paths()
@@ -131,12 +142,20 @@ class _Client:
         self.urls = urls
         self.deadline = deadline
         self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S)
-        self._index = 0
+        self.index = 0
         self._warned = False
+
+    def wait_a_moment(self, problem: str) -> None:
+        """After a failure: say so once, move to the next replica, pause a little."""
+        if not self._warned:
+            print(f"         … booking-agent {problem}; still trying", flush=True)
+            self._warned = True
+        self.index += 1
+        time.sleep(0.25)
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         while True:
-            url = self.urls[self._index % len(self.urls)]
+            url = self.urls[self.index % len(self.urls)]
             try:
                 response = self.http.request(method, f"{url}{path}", **kwargs)
             except httpx.TransportError as exc:
@@ -148,22 +167,95 @@ class _Client:
                 problem = f"{url} answered {response.status_code}"
             if time.monotonic() > self.deadline:
                 raise StackError(f"booking-agent {problem}; is the stack running? (`concierge up`)")
-            if not self._warned:
-                print(f"         … booking-agent {problem}; still trying", flush=True)
-                self._warned = True
-            self._index += 1
-            time.sleep(0.25)
+            self.wait_a_moment(problem)
 
 
 @one_line_errors("book")
 def _book(args: argparse.Namespace) -> int:
     body = booking_body(args)
     started = time.monotonic()
-    client = _Client(_booking_agent_urls(args.url), started + args.timeout)
+    client = _Client(booking_agent_urls(args.url), started + args.timeout)
     try:
         return _follow(client, body, started, args.timeout)
     finally:
         client.http.close()
+
+
+def _follow_story(client: _Client, booking_id: str, started: float, timeout: float) -> bool:
+    """Print the booking's story from its journal stream as it happens, until its final entry.
+
+    Each step prints its status as it starts (the lines ``book`` always printed), and the story between them:
+    a lost owner, the queue, the resume, a replayed call, retries, compensation. A dropped stream (the
+    booking-agent was killed) is opened again on any replica after the last entry seen (``Last-Event-ID``), so
+    nothing is missed or printed twice. False when the booking-agent has no journal stream (404/405).
+    """
+    last_id: str | None = None
+    shown: set[str] = set()
+    timeouts = httpx.Timeout(REQUEST_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
+    while True:
+        headers = {"Accept": "text/event-stream"}
+        if last_id is not None:
+            headers["Last-Event-ID"] = last_id
+        url = client.urls[client.index % len(client.urls)]
+        problem: str
+        try:
+            with client.http.stream(
+                "GET", f"{url}/bookings/{booking_id}/events", headers=headers, timeout=timeouts
+            ) as response:
+                if response.status_code in (404, 405) and last_id is None:
+                    return False
+                if response.status_code == 200:
+                    for entry in sse_entries(response.iter_lines()):
+                        last_id = str(entry.get("id"))
+                        _tell(entry, started, shown)
+                        if is_final(entry):
+                            return True
+                    problem = f"{url} ended the stream early"
+                else:
+                    problem = f"{url} answered {response.status_code}"
+        except httpx.TransportError as exc:
+            problem = f"{url} unreachable ({type(exc).__name__})"
+        if time.monotonic() - started > timeout:
+            raise StackError(f"booking {booking_id} not final after {timeout:g}s (booking-agent {problem})")
+        client.wait_a_moment(problem)
+
+
+def _tell(entry: dict[str, Any], started: float, shown: set[str]) -> None:
+    elapsed = f"{time.monotonic() - started:6.2f}s"
+    kind = entry.get("kind")
+    status = "pending" if kind == JournalKind.ACCEPTED else None
+    if kind == JournalKind.STEP_STARTED:
+        status = STATUS_OF_STEP.get(str(entry.get("step")))
+    if is_final(entry):
+        status = str(kind)
+    if status is not None and status not in shown:
+        shown.add(status)
+        print(f"  {elapsed}  {status}", flush=True)
+    if story_worthy(entry) and not is_final(entry):
+        print(f"  {elapsed}    … {describe(entry)}", flush=True)
+
+
+def _poll_statuses(client: _Client, booking_id: str, started: float, timeout: float) -> None:
+    seen: str | None = None
+    interval = POLL_FIRST_S
+    while True:
+        response = client.request("GET", f"/bookings/{booking_id}")
+        if response.status_code == 200:
+            status = str(response.json().get("status"))
+            if status != seen:
+                for skipped in steps_between(seen, status):
+                    print(f"  {'':>6}   {skipped}  (passed between two polls)", flush=True)
+                print(f"  {time.monotonic() - started:6.2f}s  {status}", flush=True)
+                seen = status
+                interval = POLL_FIRST_S
+            if seen in FINAL_BOOKING_STATUSES:
+                return
+        elif response.status_code != 404:  # 404: a replica that has not seen the record yet
+            raise StackError(f"could not read booking {booking_id}: {_refusal(response)}")
+        if time.monotonic() - started > timeout:
+            raise StackError(f"booking {booking_id} still {seen} after {timeout:g}s")
+        time.sleep(interval)
+        interval = min(POLL_MAX_S, interval * 1.25)
 
 
 def _follow(client: _Client, body: dict[str, Any], started: float, timeout: float) -> int:
@@ -190,28 +282,13 @@ def _follow(client: _Client, body: dict[str, Any], started: float, timeout: floa
         f"{body['guests']} guest(s), card {body['payment_token']}",
         flush=True,
     )
-    seen: str | None = None
-    booking: dict[str, Any] = {}
-    interval = POLL_FIRST_S
-    while True:
-        response = client.request("GET", f"/bookings/{booking_id}")
-        if response.status_code == 200:
-            booking = response.json()
-            status = str(booking.get("status"))
-            if status != seen:
-                for skipped in steps_between(seen, status):
-                    print(f"  {'':>6}   {skipped}  (passed between two polls)", flush=True)
-                print(f"  {time.monotonic() - started:6.2f}s  {status}", flush=True)
-                seen = status
-                interval = POLL_FIRST_S
-            if seen in FINAL_BOOKING_STATUSES:
-                break
-        elif response.status_code != 404:  # 404: a replica that has not seen the record yet
-            raise StackError(f"could not read booking {booking_id}: {_refusal(response)}")
-        if time.monotonic() - started > timeout:
-            raise StackError(f"booking {booking_id} still {seen} after {timeout:g}s")
-        time.sleep(interval)
-        interval = min(POLL_MAX_S, interval * 1.25)
+    if not _follow_story(client, booking_id, started, timeout):
+        _poll_statuses(client, booking_id, started, timeout)  # a booking-agent without the journal stream
+    response = client.request("GET", f"/bookings/{booking_id}")
+    if response.status_code != 200:
+        raise StackError(f"could not read booking {booking_id}: {_refusal(response)}")
+    booking: dict[str, Any] = response.json()
+    seen = str(booking.get("status"))
     if seen == "confirmed":
         price = booking.get("total_price")
         total = f"{price:.2f} {booking.get('currency')}" if isinstance(price, int | float) else "-"
@@ -246,7 +323,7 @@ def _cancel(args: argparse.Namespace) -> int:
     if not booking_id or len(booking_id) > 64 or not booking_id.replace("-", "").replace("_", "").isalnum():
         raise UsageError(f"not a booking id: {booking_id!r}")
     started = time.monotonic()
-    client = _Client(_booking_agent_urls(args.url), started + args.timeout)
+    client = _Client(booking_agent_urls(args.url), started + args.timeout)
     try:
         try:
             response = client.http.post(f"{client.urls[0]}/bookings/{booking_id}/cancel")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from infra.auth import MissingSecretError, service_secret
 from infra.settings import get_settings
 from stack.book import register_book, register_cancel
+from stack.bookings import register_bookings, register_show
 from stack.dlq import register_dlq, register_recovery
 from stack.down import register_down
 from stack.ops import register_fault, register_kill, register_start, register_stop
@@ -115,6 +116,8 @@ COMMANDS: list[Registrar] = [
     register_status,
     register_book,
     register_cancel,
+    register_show,
+    register_bookings,
     register_kill,
     register_stop,
     register_start,

@@ -9,12 +9,20 @@
     ├── RedisUnavailableError       REDIS_URL unreachable and no redis-server to start
     ├── PortInUseError              a planned port is taken before ``up`` starts anything
     ├── StartupError                a service exited or was not ready in time during ``up``
-    └── ControlError                the supervisor refused a request (or its answer was unreadable)
+    ├── ControlError                the supervisor refused a request (or its answer was unreadable)
+    └── ConsoleRefusedError         the web console will not pass a request on (also a ``NonRetryableError``:
+        │                           the service shell answers it through the error table, with its ``code``)
+        └── ConsoleForbiddenError   not here: no supervisor to drive, no admin token for the faults
 """
 
 from __future__ import annotations
 
+from domain.booking import ErrorCode
+from resilience import NonRetryableError
+
 __all__ = [
+    "ConsoleForbiddenError",
+    "ConsoleRefusedError",
     "ControlError",
     "PortInUseError",
     "RedisUnavailableError",
@@ -56,3 +64,17 @@ class StartupError(StackError):
 
 class ControlError(StackError):
     pass
+
+
+class ConsoleRefusedError(StackError, NonRetryableError):
+    """A console request refused (``code``: its answer, from the error table's own-code row)."""
+
+    code: str = ErrorCode.REJECTED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConsoleForbiddenError(ConsoleRefusedError):
+    code = ErrorCode.FORBIDDEN

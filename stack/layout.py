@@ -3,7 +3,7 @@
 Ports: each service keeps its table port shifted by ``port_base - 8000`` (so ``--port-base 18000`` puts
 booking-agent on 18000 and hotel-api on 18010), unless ``--port NAME=PORT`` names it. With ``--scale NAME=N`` the
 first replica keeps the service's port and the others take consecutive ports after the highest port of the stack
-(``--scale booking-agent=2``: 8000 and 8021), so adding replicas never moves a service someone already uses.
+(``--scale booking-agent=2``: 8000 and 8091), so adding replicas never moves a service someone already uses.
 
 Instances are named after their service, or ``service:N`` when a service runs more than one replica.
 

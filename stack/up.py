@@ -73,8 +73,8 @@ def register_up(subparsers: Subparsers) -> None:
         "up",
         help="start the whole stack as supervised local processes",
         description=(
-            "Start hotel-api, payment-api, search-agent, payment-agent, booking-agent and recovery-worker "
-            "(plus redis-server when REDIS_URL does not answer), wait until each is ready, then stream their "
+            "Start hotel-api, payment-api, search-agent, payment-agent, booking-agent, recovery-worker and the web "
+            "console (plus redis-server when REDIS_URL does not answer), wait until each is ready, then stream their "
             "logs until Ctrl-C. Crashed services are restarted after a short backoff."
         ),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
@@ -33,6 +34,7 @@ from a2a.utils.errors import InternalError as SdkInternalError
 from a2a.utils.errors import InvalidAgentResponseError as SdkInvalidAgentResponseError
 from opentelemetry import trace
 
+from domain.booking import JournalKind
 from infra.a2a.errors import (
     A2AProtocolError,
     A2ASkillError,
@@ -42,6 +44,7 @@ from infra.a2a.errors import (
 )
 from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH, data_part, first_data
 from infra.http import create_http_client
+from infra.journal import note
 from resilience.budget import remaining_budget
 from resilience.errors import (
     BudgetExhaustedError,
@@ -97,8 +100,25 @@ class A2AClient:
             kind=trace.SpanKind.CLIENT,
             attributes={"a2a.skill": skill, "a2a.peer": self._base_url},
         ):
-            response = await self._send(skill, request)
-            return _result_of(skill, response)
+            started = time.perf_counter()
+            outcome = "no answer"
+            try:
+                response = await self._send(skill, request)
+                result = _result_of(skill, response)
+                outcome = "ok"
+                return result
+            except Exception as exc:
+                outcome = type(exc).__name__
+                raise
+            finally:
+                note(
+                    JournalKind.CALL,
+                    dependency=self.audience,
+                    operation=skill,
+                    outcome=outcome,
+                    replayed=False,  # whether the peer acted again, its own calls say (payment-agent journals them)
+                    duration_ms=round((time.perf_counter() - started) * 1000, 1),
+                )
 
     async def _send(self, skill: str, request: SendMessageRequest) -> SendMessageResponse:
         # httpx's timeout is per phase (connect, write, read); this bounds the whole call by the budget.

@@ -88,6 +88,22 @@ def current_caller() -> str | None:
     return _caller.get()
 
 
+Progress = Callable[[dict[str, Any]], Awaitable[None]]
+_progress: ContextVar[Progress | None] = ContextVar("a2a_progress", default=None)
+
+
+def progress_wanted() -> bool:
+    """Whether the skill running now has a listener for its progress (``message/stream``, a non-blocking send)."""
+    return _progress.get() is not None
+
+
+async def report_progress(data: dict[str, Any]) -> None:
+    """Send ``data`` to the caller as a ``working`` status update (its message's data part); nothing without one."""
+    progress = _progress.get()
+    if progress is not None:
+        await progress(data)
+
+
 @dataclass(frozen=True)
 class Skill:
     """One skill an agent offers: advertised on its card, served by ``handler(input) -> result``.
@@ -152,8 +168,18 @@ class _SkillExecutor(AgentExecutor):
         await event_queue.enqueue_event(
             Task(id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_WORKING))
         )
-        outcome = await self.run_task(context.message, task_id, context_id)
         updater = TaskUpdater(event_queue, task_id, context_id)
+
+        async def progress(data: dict[str, Any]) -> None:
+            message = updater.new_agent_message([data_part(data)])
+            await updater.update_status(TaskState.TASK_STATE_WORKING, message)
+
+        # a skill that has progress to tell (``report_progress``) streams it as working updates on this path
+        token = _progress.set(progress)
+        try:
+            outcome = await self.run_task(context.message, task_id, context_id)
+        finally:
+            _progress.reset(token)
         for artifact in outcome.artifacts:
             await updater.add_artifact(list(artifact.parts), artifact_id=artifact.artifact_id, name=artifact.name)
         status = outcome.status
@@ -284,7 +310,9 @@ def _failed_task(task_id: str, context_id: str, error: dict[str, Any]) -> Task:
     return Task(id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_FAILED, message))
 
 
-def _agent_card(name: str, description: str, url: str, skills: Sequence[Skill], version: str) -> AgentCard:
+def _agent_card(
+    name: str, description: str, url: str, skills: Sequence[Skill], version: str, streaming: bool = False
+) -> AgentCard:
     json_mode = ["application/json"]
     return AgentCard(
         name=name,
@@ -297,7 +325,7 @@ def _agent_card(name: str, description: str, url: str, skills: Sequence[Skill], 
                 protocol_version=PROTOCOL_VERSION_CURRENT,
             )
         ],
-        capabilities=AgentCapabilities(streaming=False, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=streaming, push_notifications=False),
         security_schemes={
             "bearer": SecurityScheme(
                 http_auth_security_scheme=HTTPAuthSecurityScheme(
@@ -420,20 +448,22 @@ def mount_a2a(
     bulkhead: str,
     version: str = "0.1.0",
     inline_send: bool = True,
+    streaming: bool = False,
 ) -> None:
     """Serve ``skills`` over A2A on ``app``: card at ``AGENT_CARD_PATH`` (public), JSON-RPC at ``A2A_PATH``.
 
     ``name`` is the agent's service name: the ``aud`` its callers' tokens must carry. ``url`` is the agent's public
     base URL (advertised on the card); ``bulkhead`` names the ``resilience.bulkhead_registry`` entry every handler
     runs in. ``inline_send=False`` sends every request through the SDK's generic ``DefaultRequestHandler`` (what
-    ``bench/a2a_overhead.py`` compares against).
+    ``bench/a2a_overhead.py`` compares against). ``streaming``: the card says so, and ``message/stream`` carries
+    each ``report_progress`` of a skill as a ``working`` status update before the result.
     """
     by_id = {s.id: s for s in skills}
     if not by_id:
         raise ValueError("an A2A agent needs at least one skill")
     if len(by_id) != len(skills):
         raise ValueError(f"duplicate skill ids in {[s.id for s in skills]}")
-    card = _agent_card(name, description, url, skills, version)
+    card = _agent_card(name, description, url, skills, version, streaming)
     executor = _SkillExecutor(by_id, bulkhead)
     handler = (
         _SkillRequestHandler(executor, _RecentTaskStore(), card)

@@ -16,6 +16,7 @@ never carry it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from datetime import date
 from types import TracebackType
@@ -23,6 +24,7 @@ from typing import Any, ClassVar, NoReturn, Self
 
 import httpx
 
+from domain.booking import JournalKind
 from infra.auth import admin_token
 from infra.clients.errors import (
     IdempotencyMismatchError,
@@ -34,8 +36,10 @@ from infra.clients.errors import (
     ProviderNotFoundError,
     ProviderUnavailableError,
 )
-from infra.clients.wire import IDEMPOTENCY_HEADER, error_fields
+from infra.clients.wire import IDEMPOTENCY_HEADER, REPLAYED_HEADER, error_fields
 from infra.http import create_http_client
+from infra.journal import note
+from infra.metrics import count_duplicate_prevented
 from infra.settings import get_settings
 from resilience.budget import outgoing_budget_seconds
 from resilience.errors import BudgetExhaustedError
@@ -89,6 +93,8 @@ class _ProviderClient:
         headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key is not None else {}
         if path.startswith("/admin/") and (token := admin_token()) is not None:
             headers["Authorization"] = f"Bearer {token}"
+        started = time.perf_counter()
+        response: httpx.Response | None = None
         try:
             response = await self._http.request(method, path, json=json, params=params, headers=headers)
             response.raise_for_status()
@@ -102,6 +108,27 @@ class _ProviderClient:
             raise ProviderUnavailableError(f"{what}: {type(exc).__name__}: {exc}", provider=self.provider) from exc
         except ValueError as exc:  # a 2xx whose body is not JSON: the provider is misbehaving
             raise ProviderUnavailableError(f"{what}: answer is not JSON", provider=self.provider) from exc
+        finally:
+            if not path.startswith("/admin/"):
+                self._journal(method, path, idempotency_key, response, started)
+
+    def _journal(
+        self, method: str, path: str, idempotency_key: str | None, response: httpx.Response | None, started: float
+    ) -> None:
+        # a call entry in the booking's journal (when one is at hand): replayed = the provider answered from its
+        # idempotency record, the duplicate that did not happen
+        replayed = response is not None and response.headers.get(REPLAYED_HEADER, "").lower() == "true"
+        if replayed:
+            count_duplicate_prevented(self.provider)
+        note(
+            JournalKind.CALL,
+            dependency=self.provider,
+            operation=f"{method} {path}",
+            outcome="no answer" if response is None else str(response.status_code),
+            idempotency_key=idempotency_key,
+            replayed=replayed,
+            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
 
     @staticmethod
     def _raise_if_budget_spent(what: str, exc: httpx.TimeoutException) -> None:

@@ -33,7 +33,9 @@ from starlette.routing import Match
 from infra.auth import MissingSecretError, use_service_identity
 from infra.error_table import TABLE, answer_for, answer_response
 from infra.gc_tuning import service_gc
-from infra.metrics import install_resilience_metrics
+from infra.journal import JournalWriter, install_writer, resilience_hook
+from infra.journal import flush as journal_flush
+from infra.metrics import install_resilience_metrics, story_metrics
 from infra.redis import create_redis
 from infra.service.health import READY_CHECK_TIMEOUT_S, ReadyCheck, install_health_routes
 from infra.service.logs import configure_logging
@@ -49,8 +51,10 @@ from infra.service.state import ServiceInfo
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry, shutdown_telemetry
 from resilience import (
+    add_hook,
     circuit_registry,
     configure_budget,
+    remove_hook,
 )
 
 logger = logging.getLogger("infra.service")  # one logger for the whole shell
@@ -187,10 +191,13 @@ def create_service_app(
         configure_telemetry(service_name)
         budget_defaults = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
         install_resilience_metrics()
+        story_metrics()
         _apply_circuit_overrides(settings.circuit_overrides)
         app.state.service = ServiceInfo(service_name, _instance_id(), time.monotonic())
         redis = create_redis(settings.redis_url)
         app.state.redis = redis
+        previous_writer = install_writer(JournalWriter(redis, app.state.service.instance_id))
+        add_hook(resilience_hook)
         _install_task_dump()
         logger.info("%s starting (instance %s)", service_name, app.state.service.instance_id)
         try:
@@ -200,6 +207,11 @@ def create_service_app(
                     yield
         finally:
             try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(2):
+                        await journal_flush()  # the last entries (a handoff) before the client goes
+                remove_hook(resilience_hook)
+                install_writer(previous_writer)
                 await redis.aclose()
             finally:
                 budget_defaults.restore()

@@ -18,10 +18,12 @@ from stack.services import SERVICES
 REPO = Path(__file__).resolve().parents[2]
 # The Compose Specification's own JSON schema, kept verbatim in the repository (tests/data/README.md: origin, licence).
 SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
-INFRASTRUCTURE = {"redis", "postgres", "jaeger"}
+INFRASTRUCTURE = {"redis", "postgres", "jaeger", "prometheus", "grafana"}
 _DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):-(?P<default>[^}]*)\}$")
 _REQUIRED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):\?(?P<message>[^}$]+)\}$")
 PROVIDERS = ("hotel-api", "payment-api")
+# published on the host's loopback only: the outside world's stand-ins, and the console (no login of its own)
+LOOPBACK_ONLY = (*PROVIDERS, "console")
 _PROBE_URL = re.compile(r"http://127\.0\.0\.1:(?P<port>\d+)(?P<path>/[\w/]*)")
 
 
@@ -66,7 +68,7 @@ def test_each_service_runs_concierge_serve_on_its_table_port(compose: dict[str, 
     spec = SERVICES[name]
     service = compose["services"][name]
     assert service["command"] == ["concierge", "serve", name, "--host", "0.0.0.0"]
-    published = f"127.0.0.1:{spec.port}:{spec.port}" if name in PROVIDERS else f"{spec.port}:{spec.port}"
+    published = f"127.0.0.1:{spec.port}:{spec.port}" if name in LOOPBACK_ONLY else f"{spec.port}:{spec.port}"
     assert published in service["ports"]
     assert service["build"] == "."
     assert service["restart"] == "unless-stopped"
@@ -99,8 +101,10 @@ def test_peers_are_found_by_service_dns_name(compose: dict[str, Any], name: str)
         assert match["default"] == f"http://{peer.name}:{peer.port}"
 
 
-@pytest.mark.parametrize("name", PROVIDERS)
-def test_the_providers_are_published_on_the_hosts_loopback_only(compose: dict[str, Any], name: str) -> None:
+@pytest.mark.parametrize("name", LOOPBACK_ONLY)
+def test_the_providers_and_the_console_are_published_on_the_hosts_loopback_only(
+    compose: dict[str, Any], name: str
+) -> None:
     ports = compose["services"][name]["ports"]
     assert ports and all(str(port).startswith("127.0.0.1:") for port in ports), ports
 

@@ -34,8 +34,9 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 # the oldest Kubernetes the manifests claim (PodDisruptionBudget policy/v1, HPA autoscaling/v2, matchLabelKeys),
 # and the newest whose schemas kubernetes-validate bundles
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-PROVIDERS = {"hotel-api", "payment-api"}
-REPLICATED = set(SERVICES) - PROVIDERS
+# one replica each: the simulated providers stand in for the outside world, the console keeps no state
+SINGLE = {"hotel-api", "payment-api", "console"}
+REPLICATED = set(SERVICES) - SINGLE
 # What SIGTERM may take after preStop: uvicorn's graceful shutdown, then the lifespan's drain, then up to a few
 # seconds more to cancel what did not reach a step boundary (booking-agent waits 5 s, the worker its take_wait + 2).
 CANCEL_ALLOWANCE_S = 10.0

@@ -1,0 +1,274 @@
+"""Every booking's journal: an append-only Redis Stream of what happened to it, written by whichever process acts.
+
+Entries are JSON objects with ``kind`` (``domain.booking.JournalKind``), ``at`` (ISO 8601 UTC), ``instance`` (the
+writer's instance id, as in lease owners) and the kind's own fields (``docs/journal.md``). The stream is bounded
+(``JOURNAL_MAX_LEN``, trimmed approximately) and expires ``JOURNAL_TTL_S`` after its last entry.
+
+Writing is cheap on purpose: ``note`` / ``JournalWriter.record`` only queue the entry; one background task per
+process sends everything queued within a few milliseconds in one script call (so a burst of entries rides on one
+round trip, in order). The
+``accepted`` entry and the final one (``confirmed``/``failed``/``cancelled``) are written by the booking record's
+own scripts (``infra.bookings``), atomically with the status they report; the append script refuses anything after
+a final status, so a journal always ends with its final entry. Deep code (clients, resilience hooks, graph nodes)
+writes through ``note`` into the booking of the current ``journal_scope``: outside one it does nothing.
+
+Secrets never go in: callers pass ids, names and outcomes only; ``record`` drops any field named like a credential.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from domain.booking import FINAL_JOURNAL_KINDS, JournalKind
+from infra.redis import BOOKINGS_TAG, RedisClient, RedisScript, key, text
+from infra.settings import get_settings
+from resilience.events import CircuitRejected, ResilienceEvent, RetryScheduled
+
+__all__ = [
+    "ENTRY_FIELD",
+    "JournalScope",
+    "JournalWriter",
+    "current_scope",
+    "encode_entry",
+    "flush",
+    "install_writer",
+    "instance_id",
+    "is_final",
+    "iso_now",
+    "journal_key",
+    "journal_scope",
+    "name_instance",
+    "note",
+    "parse_entries",
+    "read_journal",
+    "resilience_hook",
+    "writer",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_FIELD: Final = "e"
+"""The one field of a stream entry: the entry's JSON."""
+MAX_PENDING: Final = 10_000
+"""Entries queued in one process while Redis does not answer; past it the oldest are dropped (and logged)."""
+BATCH_WINDOW_S: Final = 0.005
+"""How long the writer lets entries gather before it sends them (not when a final status waits for them)."""
+_SECRET_WORDS: Final = ("token", "secret", "password", "authorization", "card")
+
+# KEYS: stream₁, booking₁, stream₂, booking₂, ... | ARGV: max_len, ttl_s, entry₁, entry₂, ...
+# A journal closes with its final entry: nothing is appended once the booking's status is final.
+_APPEND = RedisScript("""
+local n = 0
+for i = 1, #KEYS, 2 do
+  local status = redis.call('HGET', KEYS[i + 1], 'status')
+  if status ~= 'confirmed' and status ~= 'failed' and status ~= 'cancelled' then
+    redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[1], '*', 'e', ARGV[2 + (i + 1) / 2])
+    redis.call('EXPIRE', KEYS[i], ARGV[2])
+    n = n + 1
+  end
+end
+return n
+""")
+
+
+def journal_key(booking_id: str) -> str:
+    return key(BOOKINGS_TAG, "journal", booking_id)  # with its booking record: see BOOKINGS_TAG
+
+
+def iso_now(epoch: float | None = None) -> str:
+    now = time.time() if epoch is None else epoch
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: value
+        for name, value in fields.items()
+        if value is not None and not any(word in name.lower() for word in _SECRET_WORDS)
+    }
+
+
+def encode_entry(kind: JournalKind | str, instance: str, fields: Mapping[str, Any], at: float | None = None) -> str:
+    """The JSON of one entry (also what the booking scripts append for ``accepted`` and the final kinds)."""
+    entry = {"kind": str(kind), "at": iso_now(at), "instance": instance, **_clean(fields)}
+    return json.dumps(entry, separators=(",", ":"), default=str)
+
+
+class JournalWriter:
+    """One per process: queues entries and sends them in batches, in the order they were recorded."""
+
+    def __init__(self, redis: RedisClient, instance: str) -> None:
+        settings = get_settings()
+        self.redis = redis
+        self.instance = instance
+        self.max_len = settings.journal_max_len
+        self.ttl_s = settings.journal_ttl_s
+        self._pending: list[tuple[str, str]] = []
+        self._drain: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()
+
+    def record(self, booking_id: str, kind: JournalKind | str, **fields: Any) -> None:
+        """Queue one entry for ``booking_id``; it is written within a round trip, in order, without waiting."""
+        self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))
+        if len(self._pending) > MAX_PENDING:
+            dropped = len(self._pending) - MAX_PENDING
+            del self._pending[:dropped]
+            logger.warning("journal: Redis is not keeping up; dropped the %d oldest queued entries", dropped)
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_task(self._write_all(), name="journal-writer")
+
+    async def flush(self) -> None:
+        """Wait until every entry recorded so far is written (or its write failed, which is logged)."""
+        while self._drain is not None and not self._drain.done():
+            self._now.set()  # no batching window: someone waits
+            await asyncio.wait({self._drain})
+
+    async def _write_all(self) -> None:
+        while self._pending:
+            # a step's entries come in bursts (a step ends, the next starts, a call ends): one write for the burst
+            if not self._now.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(BATCH_WINDOW_S):
+                        await self._now.wait()
+            self._now.clear()
+            batch, self._pending = self._pending, []
+            keys: list[str] = []
+            for booking_id, _ in batch:
+                keys.extend((journal_key(booking_id), key("booking", booking_id)))
+            try:
+                await _APPEND(self.redis, keys=keys, args=[self.max_len, self.ttl_s, *(e for _, e in batch)])
+            except Exception:
+                # the journal tells the story; it must never stop the story: the booking's own writes fail loudly
+                logger.warning("journal: could not write %d entries", len(batch), exc_info=True)
+        self._now.clear()
+
+
+# ----------------------------------------------------------------------------------------- process-wide writer
+
+_writer: JournalWriter | None = None
+
+
+def install_writer(journal: JournalWriter | None) -> JournalWriter | None:
+    """Make ``journal`` this process's writer (the service shell does, at startup); returns the previous one."""
+    global _writer
+    previous, _writer = _writer, journal
+    return previous
+
+
+def writer() -> JournalWriter | None:
+    return _writer
+
+
+def name_instance(instance: str) -> None:
+    """Sign this process's entries ``instance``: a service whose lease owner id differs from the shell's says so."""
+    if _writer is not None:
+        _writer.instance = instance
+
+
+def instance_id() -> str:
+    """Who writes: the installed writer's instance, else ``CONCIERGE_INSTANCE_ID``, else host and pid."""
+    if _writer is not None:
+        return _writer.instance
+    return get_settings().instance_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class JournalScope:
+    """The booking the code running now works for, and what every entry written for it adds."""
+
+    booking_id: str
+    fence: int | None = None
+    steps: bool = True
+    """Whether graph steps run here are the booking's own (not in payment-agent, which runs a graph of its own)."""
+    attempts: dict[str, int] = field(default_factory=dict)
+    """Starts of each step in this scope (a step run again after a pause is attempt 2)."""
+
+
+_scope: ContextVar[JournalScope | None] = ContextVar("concierge_journal_scope", default=None)
+
+
+@contextlib.contextmanager
+def journal_scope(booking_id: str, *, fence: int | None = None, steps: bool = True) -> Iterator[JournalScope]:
+    """``note`` writes into ``booking_id``'s journal inside this block (tasks started in it inherit it)."""
+    scope = JournalScope(booking_id, fence, steps)
+    token = _scope.set(scope)
+    try:
+        yield scope
+    finally:
+        _scope.reset(token)
+
+
+def current_scope() -> JournalScope | None:
+    return _scope.get()
+
+
+def note(kind: JournalKind | str, **fields: Any) -> None:
+    """Record an entry in the current scope's journal; nothing outside a scope or without a writer."""
+    scope = _scope.get()
+    if scope is None or _writer is None:
+        return
+    if scope.fence is not None:
+        fields.setdefault("fence", scope.fence)
+    _writer.record(scope.booking_id, kind, **fields)
+
+
+async def flush() -> None:
+    """Wait for this process's queued entries (before writing a final status, so nothing lands after it)."""
+    if _writer is not None:
+        await _writer.flush()
+
+
+def resilience_hook(event: ResilienceEvent) -> None:
+    """A ``resilience.add_hook`` hook: retries and circuit refusals go in the journal of the booking at hand."""
+    if isinstance(event, RetryScheduled):
+        note(
+            JournalKind.RETRY_SCHEDULED,
+            dependency=event.service,
+            attempt=event.attempt,
+            delay_s=round(event.delay, 3),
+            error=type(event.error).__name__,
+        )
+    elif isinstance(event, CircuitRejected):
+        note(JournalKind.CIRCUIT_REJECTED, dependency=event.name, state=str(event.state))
+
+
+# ------------------------------------------------------------------------------------------------------ reading
+
+
+def parse_entries(raw: Any) -> list[dict[str, Any]]:
+    """``XRANGE``/``XREAD`` entries as dicts, each with its stream ``id``."""
+    entries: list[dict[str, Any]] = []
+    for entry_id, values in raw or ():
+        payload = values.get(ENTRY_FIELD) if isinstance(values, dict) else None
+        if payload is None and isinstance(values, dict):
+            payload = values.get(ENTRY_FIELD.encode())
+        if payload is None:
+            continue
+        try:
+            entry = json.loads(text(payload))
+        except ValueError:
+            continue
+        entries.append({"id": text(entry_id), **entry})
+    return entries
+
+
+async def read_journal(
+    redis: RedisClient, booking_id: str, *, after: str | None = None, count: int | None = None
+) -> list[dict[str, Any]]:
+    """The entries after stream id ``after`` (exclusive; all of them with ``None``), oldest first."""
+    start = "-" if after is None else f"({after}"
+    return parse_entries(await redis.xrange(journal_key(booking_id), min=start, max="+", count=count))
+
+
+def is_final(entry: Mapping[str, Any]) -> bool:
+    return entry.get("kind") in FINAL_JOURNAL_KINDS

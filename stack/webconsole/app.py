@@ -1,0 +1,542 @@
+"""The console's HTTP side: the page, one live overview stream, a booking's timeline, and the buttons' routes.
+
+The browser only ever talks to the console (one origin, no CORS): the console reads the supervisor's state (under
+``concierge up``) or probes the services' health routes (under compose), reads the recovery queue and DLQ from
+Redis, and relays to booking-agent and the providers. While no booking-agent answers (killed, restarting), the
+bookings list and a booking's timeline are read from Redis directly, so the page keeps telling the story of the
+recovery that happens meanwhile. The admin token stays here; no route sends it to the page.
+Mutating routes take JSON only and refuse other origins, so a web page elsewhere cannot drive the stack through a
+browser that has the console open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path as FilePath
+from typing import Annotated, Any, Literal
+
+import httpx
+from fastapi import FastAPI, Header, HTTPException, Path, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from domain.booking import MAX_NIGHTS, check_checkin
+from infra.auth import admin_token
+from infra.bookings import BookingStore
+from infra.clients import ProviderUnavailableError
+from infra.journal import read_journal
+from infra.service import create_service_app, error_body, get_redis
+from infra.settings import Settings, get_settings
+from recovery import DeadLetterQueue, RecoveryQueue
+from stack.console import stack_paths
+from stack.control import call, supervisor_running
+from stack.errors import ConsoleForbiddenError, ConsoleRefusedError, StackError
+from stack.services import SERVICES
+from stack.state import StackPaths, read_state
+
+__all__ = ["FINAL_KINDS", "OVERVIEW_INTERVAL_S", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+STATIC = FilePath(__file__).parent / "static"
+OVERVIEW_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 1.0
+RELAY_TIMEOUT_S = 10.0
+RECONNECT_DELAY_S = 0.3
+KEEPALIVE_S = 5.0
+BOOKINGS_SHOWN = 25
+FINAL_KINDS = frozenset({"confirmed", "failed", "cancelled"})
+"""Journal kinds after which a booking's timeline has nothing more to say."""
+PROVIDERS = ("hotel-api", "payment-api")
+CONSOLE_HEADER = "X-Concierge-Console"
+"""Sent by the page with every mutating request: a custom header makes a cross-origin browser request preflighted,
+and the console answers no preflight."""
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+BookingId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
+"""A journal entry id as booking-agent takes it in ``Last-Event-ID`` (``<ms>-<seq>``, or ``<ms>`` alone)."""
+
+
+# ----------------------------------------------------------------------------------------------------- inputs
+
+
+class BookForm(BaseModel):
+    """The page's booking form; turned into booking-agent's POST /bookings body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    city: str = Field(min_length=1, max_length=64)
+    checkin: date
+    nights: int = Field(default=1, ge=1, le=MAX_NIGHTS)
+    guests: int = Field(default=2, ge=1, le=10)
+    card: str = Field(default="tok_visa", min_length=1, max_length=64, pattern=r"^tok_[A-Za-z0-9_]+$")
+
+    @field_validator("checkin")
+    @classmethod
+    def _bookable(cls, value: date) -> date:
+        return check_checkin(value, date.today())
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "city": self.city,
+            "checkin": self.checkin.isoformat(),
+            "checkout": (self.checkin + timedelta(days=self.nights)).isoformat(),
+            "guests": self.guests,
+            "payment_token": self.card,
+        }
+
+
+class FaultForm(BaseModel):
+    """What the page may inject into a provider: the providers' own fault body, bounded the way ``concierge fault``
+    bounds it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    latency_s: float = Field(default=0.0, ge=0, le=300, allow_inf_nan=False)
+    error_rate: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    hang: bool = False
+
+
+# ----------------------------------------------------------------------------------------------------- the stack
+
+
+@dataclass(frozen=True)
+class Target:
+    """One process to watch: from the supervisor's state, or the settings' URL of a service."""
+
+    name: str
+    service: str
+    url: str
+    ready_path: str
+    state: str | None = None
+    pid: int | None = None
+    restarts: int | None = None
+    started_at: float | None = None
+
+
+def _settings_urls(settings: Settings) -> dict[str, str]:
+    return {
+        "hotel-api": settings.hotel_api_url,
+        "payment-api": settings.payment_api_url,
+        "search-agent": settings.search_agent_url,
+        "payment-agent": settings.payment_agent_url,
+        "booking-agent": settings.booking_agent_url,
+        "recovery-worker": settings.recovery_worker_url,
+    }
+
+
+def watched_targets(paths: StackPaths, settings: Settings) -> tuple[bool, list[Target]]:
+    """``(supervised, targets)``: the supervisor's instances under ``concierge up``, else the settings' URLs."""
+    state = read_state(paths) if supervisor_running(paths) else None
+    if state is not None:
+        return True, [
+            Target(i.name, i.service, i.url, i.ready_path, i.status, i.pid, i.restarts, i.started_at)
+            for i in state.instances
+            if i.service != "console"
+        ]
+    urls = _settings_urls(settings)
+    return False, [
+        Target(name, name, urls[name].rstrip("/"), SERVICES[name].ready_path) for name in SERVICES if name in urls
+    ]
+
+
+class Watcher:
+    """Builds the overview the page shows; one build a second at most, however many pages watch."""
+
+    def __init__(self, http: httpx.AsyncClient, paths: StackPaths) -> None:
+        self.http = http
+        self.paths = paths
+        self._lock = asyncio.Lock()
+        self._latest: dict[str, Any] | None = None
+        self._built_at = 0.0
+
+    async def targets(self) -> tuple[bool, list[Target]]:
+        return await asyncio.to_thread(watched_targets, self.paths, get_settings())
+
+    async def booking_agents(self) -> list[str]:
+        _, targets = await self.targets()
+        return [t.url for t in targets if t.service == "booking-agent"]
+
+    async def provider(self, name: str) -> str | None:
+        _, targets = await self.targets()
+        return next((t.url for t in targets if t.service == name), None)
+
+    async def overview(self, redis: Any) -> dict[str, Any]:
+        async with self._lock:
+            if self._latest is None or time.monotonic() - self._built_at >= OVERVIEW_INTERVAL_S * 0.8:
+                self._latest = await self._build(redis)
+                self._built_at = time.monotonic()
+            return self._latest
+
+    async def _build(self, redis: Any) -> dict[str, Any]:
+        supervised, targets = await self.targets()
+        probes = await asyncio.gather(*(self._probe(t) for t in targets))
+        faults, queue, bookings = await asyncio.gather(
+            self._faults(targets),
+            self._queue(redis),
+            self._bookings(redis, [t.url for t in targets if t.service == "booking-agent"]),
+        )
+        services, circuits, bulkheads = [], [], []
+        for target, (ready, detail, circuit_stats, bulkhead_stats) in zip(targets, probes, strict=True):
+            services.append(
+                {
+                    "name": target.name,
+                    "service": target.service,
+                    "url": target.url,
+                    "state": target.state or ("running" if ready is not None else "unreachable"),
+                    "pid": target.pid,
+                    "restarts": target.restarts,
+                    "uptime_s": round(time.time() - target.started_at, 1) if target.started_at else None,
+                    "ready": ready,
+                    "detail": detail,
+                }
+            )
+            circuits += [{"instance": target.name, "name": n, **s} for n, s in sorted(circuit_stats.items())]
+            bulkheads += [{"instance": target.name, "name": n, **s} for n, s in sorted(bulkhead_stats.items())]
+        return {
+            "at": datetime.now(UTC).isoformat(),
+            "supervised": supervised,
+            "services": services,
+            "circuits": circuits,
+            "bulkheads": bulkheads,
+            "faults": faults,
+            **queue,
+            **bookings,
+        }
+
+    async def _get_json(self, url: str, **kwargs: Any) -> tuple[int, Any]:
+        response = await self.http.get(url, timeout=PROBE_TIMEOUT_S, **kwargs)
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, None
+
+    async def _probe(self, target: Target) -> tuple[bool | None, str | None, dict[str, Any], dict[str, Any]]:
+        """``(ready, why not, circuits, bulkheads)``; ``ready`` is None when the process does not answer at all."""
+        if target.state is not None and target.pid is None:
+            return None, None, {}, {}  # stopped or between restarts: nothing to ask
+
+        async def part(path: str) -> tuple[int, Any] | None:
+            try:
+                return await self._get_json(f"{target.url}{path}")
+            except httpx.HTTPError:
+                return None
+
+        ready, circuits, bulkheads = await asyncio.gather(
+            part(target.ready_path), part("/health/circuits"), part("/health/bulkheads")
+        )
+        if ready is None:
+            return None, "no answer", {}, {}
+        status, body = ready
+        failing = body.get("failing") if isinstance(body, dict) else None
+        detail = None if status == 200 else ", ".join(failing or []) or f"HTTP {status}"
+        return (
+            status == 200,
+            detail,
+            circuits[1] if circuits and isinstance(circuits[1], dict) else {},
+            bulkheads[1] if bulkheads and isinstance(bulkheads[1], dict) else {},
+        )
+
+    async def _faults(self, targets: list[Target]) -> dict[str, Any]:
+        token = admin_token()
+        found: dict[str, Any] = {}
+        for name in PROVIDERS:
+            url = next((t.url for t in targets if t.service == name), None)
+            if url is None or token is None:
+                found[name] = None
+                continue
+            try:
+                status, body = await self._get_json(f"{url}/admin/faults", headers={"Authorization": f"Bearer {token}"})
+            except httpx.HTTPError:
+                status, body = 0, None
+            found[name] = body if status == 200 else None
+        return found
+
+    async def _queue(self, redis: Any) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
+                dlq = DeadLetterQueue(redis)
+                stats = await RecoveryQueue(redis, dlq).stats()
+                entries = await dlq.list()
+        except Exception as exc:  # Redis down: say so on the page, keep streaming the rest
+            return {"queue": None, "dlq": [], "queue_error": f"{type(exc).__name__}: {exc}"}
+        dead = [
+            {"thread_id": e.thread_id, "reason": e.reason, "error": e.error, "attempts": e.attempts} for e in entries
+        ]
+        return {"queue": stats, "dlq": dead[:BOOKINGS_SHOWN], "queue_error": None}
+
+    async def _bookings(self, redis: Any, urls: list[str]) -> dict[str, Any]:
+        last = "no booking-agent"
+        for url in urls:
+            try:
+                status, body = await self._get_json(f"{url}/bookings", params={"limit": BOOKINGS_SHOWN})
+            except httpx.HTTPError as exc:
+                last = f"booking-agent unreachable ({type(exc).__name__})"
+                continue
+            if status == 200 and isinstance(body, dict):
+                return {"bookings": body.get("bookings", []), "bookings_error": None}
+            last = f"booking-agent answered HTTP {status}"
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
+                found, _ = await BookingStore(redis).page(status=None, limit=BOOKINGS_SHOWN, cursor=None)
+        except Exception as exc:  # Redis down too: say both
+            return {"bookings": None, "bookings_error": f"{last}; Redis: {type(exc).__name__}"}
+        return {"bookings": found, "bookings_error": f"{last}: read from Redis"}
+
+
+# ----------------------------------------------------------------------------------------------------- relays
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse(error_body(code, message), status_code=status)
+
+
+def _field_error(where: str, name: str, message: str) -> HTTPException:
+    """FastAPI's own 422 shape (``detail[].loc`` names the field), for a check a type annotation cannot make."""
+    return HTTPException(status_code=422, detail=[{"loc": [where, name], "msg": message, "type": "value_error"}])
+
+
+def _relayed(response: httpx.Response) -> Response:
+    """booking-agent's or a provider's answer, passed on as it is (status, JSON body, ``Retry-After``)."""
+    headers = {"Retry-After": response.headers["Retry-After"]} if "Retry-After" in response.headers else None
+    return Response(response.content, status_code=response.status_code, media_type="application/json", headers=headers)
+
+
+async def _to_booking_agent(
+    watcher: Watcher, send: Callable[[httpx.AsyncClient, str], Awaitable[httpx.Response]]
+) -> Response:
+    """Try each booking-agent replica in turn; a replica that is down (killed, restarting) is skipped."""
+    last = "no booking-agent in the stack"
+    for url in await watcher.booking_agents():
+        try:
+            return _relayed(await send(watcher.http, url))
+        except httpx.HTTPError as exc:
+            last = f"booking-agent at {url} unreachable ({type(exc).__name__})"
+    raise ProviderUnavailableError(last, provider="booking-agent")
+
+
+def _sse_event(lines: list[str]) -> tuple[str | None, str | None, str]:
+    """One upstream event's ``(id, event, data)`` from its lines (the SSE field rules; comments dropped)."""
+    event_id: str | None = None
+    event: str | None = None
+    data: list[str] = []
+    for line in lines:
+        if not line or line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "id":
+            event_id = value
+        elif name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+    return event_id, event, "\n".join(data)
+
+
+async def follow_timeline(
+    http: httpx.AsyncClient,
+    redis: Any,
+    agents: Callable[[], Awaitable[list[str]]],
+    booking_id: str,
+    last_id: str | None,
+) -> AsyncIterator[ServerSentEvent]:
+    """A booking's journal from booking-agent's SSE, as one unbroken stream for the page: when booking-agent goes
+    away mid-stream (killed, restarting, another replica), reconnect with ``Last-Event-ID``, and meanwhile read what
+    the others write (the recovery worker's resume...) from the journal in Redis, until the final entry."""
+    while True:
+        for url in await agents():
+            headers = {"Accept": "text/event-stream"}
+            if last_id is not None:
+                headers["Last-Event-ID"] = last_id
+            try:
+                async with http.stream(
+                    "GET", f"{url}/bookings/{booking_id}/events", headers=headers, timeout=httpx.Timeout(10, read=None)
+                ) as response:
+                    if response.status_code == 404:
+                        yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="unknown")
+                        return
+                    if response.status_code != 200:
+                        continue
+                    lines: list[str] = []
+                    async for line in response.aiter_lines():
+                        if line:
+                            lines.append(line)
+                            continue
+                        event_id, _, data = _sse_event(lines)
+                        lines = []
+                        if not data:
+                            continue
+                        last_id = event_id or last_id
+                        yield ServerSentEvent(data=data, id=event_id)
+                        if _is_final(data):
+                            yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
+                            return
+            except httpx.HTTPError:
+                continue  # the replica went away mid-stream: the next one, or this one again once it is back
+        # no booking-agent answers: what was written meanwhile, straight from the journal
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
+                entries = await read_journal(redis, booking_id, after=last_id, count=100)
+        except Exception:  # Redis down too: keep trying both
+            entries = []
+        for entry in entries:
+            last_id = str(entry["id"])
+            data = json.dumps(entry, separators=(",", ":"))
+            yield ServerSentEvent(data=data, id=last_id)
+            if _is_final(data):
+                yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
+                return
+        if not entries:
+            yield ServerSentEvent(comment="no booking-agent answers; following the journal in Redis")
+        await asyncio.sleep(RECONNECT_DELAY_S)
+
+
+def _is_final(data: str) -> bool:
+    try:
+        entry = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and entry.get("kind") in FINAL_KINDS
+
+
+# ----------------------------------------------------------------------------------------------------- the app
+
+
+def create_app(paths: StackPaths | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with httpx.AsyncClient(timeout=RELAY_TIMEOUT_S) as http:
+            app.state.watcher = Watcher(http, paths or stack_paths())
+            yield
+
+    app = create_service_app(
+        "console",
+        lifespan=lifespan,
+        description="The concierge web console: the stack live, and buttons to drive it.",
+    )
+
+    @app.middleware("http")
+    async def same_origin_only(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.method not in _SAFE_METHODS:
+            origin = request.headers.get("origin")
+            own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+            if request.headers.get(CONSOLE_HEADER) != "1" or (origin is not None and origin != own):
+                return _error(403, "forbidden", f"{CONSOLE_HEADER}: the console's buttons are for its own page only")
+        return await call_next(request)
+
+    def watcher_of(request: Request) -> Watcher:
+        watcher: Watcher = request.app.state.watcher
+        return watcher
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/api/overview", tags=["console"])
+    async def overview(request: Request) -> dict[str, Any]:
+        return await watcher_of(request).overview(await get_redis(request))
+
+    @app.get("/api/stream", tags=["console"], response_class=EventSourceResponse)
+    async def stream(request: Request) -> EventSourceResponse:
+        watcher = watcher_of(request)
+        redis = await get_redis(request)
+
+        async def events() -> AsyncIterator[ServerSentEvent]:
+            while True:
+                yield ServerSentEvent(data=json.dumps(await watcher.overview(redis)), event="overview")
+                await asyncio.sleep(OVERVIEW_INTERVAL_S)
+
+        # send_timeout: a page that stops reading is dropped instead of piling up snapshots here
+        return EventSourceResponse(events(), ping=KEEPALIVE_S, send_timeout=10)
+
+    @app.get("/api/bookings/{booking_id}/events", tags=["console"], response_class=EventSourceResponse)
+    async def timeline(
+        request: Request,
+        booking_id: BookingId,
+        last_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
+    ) -> EventSourceResponse:
+        watcher = watcher_of(request)
+        redis = await get_redis(request)
+        return EventSourceResponse(
+            follow_timeline(watcher.http, redis, watcher.booking_agents, booking_id, last_id),
+            ping=KEEPALIVE_S,
+            send_timeout=10,
+        )
+
+    @app.post("/api/bookings", tags=["console"])
+    async def book(request: Request, form: BookForm) -> Response:
+        body = form.body()
+        key = f"console-{uuid.uuid4().hex}"  # the same key on every replica tried: one booking however it goes
+
+        async def send(http: httpx.AsyncClient, url: str) -> httpx.Response:
+            return await http.post(f"{url}/bookings", json=body, headers={"Idempotency-Key": key})
+
+        return await _to_booking_agent(watcher_of(request), send)
+
+    @app.post("/api/bookings/{booking_id}/cancel", tags=["console"])
+    async def cancel(request: Request, booking_id: BookingId) -> Response:
+        async def send(http: httpx.AsyncClient, url: str) -> httpx.Response:
+            return await http.post(f"{url}/bookings/{booking_id}/cancel")
+
+        return await _to_booking_agent(watcher_of(request), send)
+
+    @app.put("/api/faults/{provider}", tags=["console"])
+    async def inject(request: Request, provider: Literal["hotel-api", "payment-api"], form: FaultForm) -> Response:
+        return await _admin_faults(watcher_of(request), provider, "PUT", form.model_dump())
+
+    @app.delete("/api/faults/{provider}", tags=["console"])
+    async def clear(request: Request, provider: Literal["hotel-api", "payment-api"]) -> Response:
+        return await _admin_faults(watcher_of(request), provider, "DELETE", None)
+
+    @app.post("/api/services/{target}/{op}", tags=["console"])
+    async def control(request: Request, target: str, op: Literal["kill", "stop", "start"]) -> Response:
+        service = target.partition(":")[0]
+        if service not in SERVICES:
+            raise _field_error("path", "target", f"unknown service {service!r}; valid names: {', '.join(SERVICES)}")
+        if service == "console":
+            raise _field_error("path", "target", "the console does not stop itself; use `concierge stop console`")
+        watcher = watcher_of(request)
+        if not supervisor_running(watcher.paths):
+            raise ConsoleForbiddenError("no supervisor: kill/stop/start work under `concierge up` only")
+        try:
+            answer = await call(watcher.paths, op, target=target, answer_within_s=120)
+        except StackError as exc:  # the supervisor's own one line: an unknown replica, a stack still starting...
+            raise ConsoleRefusedError(str(exc)) from exc
+        answer.pop("ok", None)
+        return JSONResponse(answer)
+
+    return app
+
+
+async def _admin_faults(watcher: Watcher, provider: str, method: str, body: dict[str, Any] | None) -> Response:
+    token = admin_token()
+    if token is None:
+        raise ConsoleForbiddenError("CONCIERGE_ADMIN_TOKEN is not set: the providers' fault routes are off")
+    url = await watcher.provider(provider)
+    if url is None:
+        raise ConsoleRefusedError(f"{provider} is not part of the running stack")
+    try:
+        response = await watcher.http.request(
+            method, f"{url}/admin/faults", json=body, headers={"Authorization": f"Bearer {token}"}
+        )
+    except httpx.HTTPError as exc:
+        raise ProviderUnavailableError(f"{provider} unreachable ({type(exc).__name__})", provider=provider) from exc
+    if response.status_code == 204:
+        return Response(status_code=204)
+    return _relayed(response)
+
+
+app = create_app()
