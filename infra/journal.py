@@ -61,6 +61,8 @@ ENTRY_FIELD: Final = "e"
 """The one field of a stream entry: the entry's JSON."""
 MAX_PENDING: Final = 10_000
 """Entries queued in one process while Redis does not answer; past it the oldest are dropped (and logged)."""
+MAX_BATCH: Final = 500
+"""Entries per script call: a backlog (Redis was away) goes out in slices, never one long script."""
 BATCH_WINDOW_S: Final = 0.005
 """How long the writer lets entries gather before it sends them (not when a final status waits for them)."""
 _SECRET_WORDS: Final = ("token", "secret", "password", "authorization", "card")
@@ -118,7 +120,7 @@ class JournalWriter:
         self._now = asyncio.Event()
 
     def record(self, booking_id: str, kind: JournalKind | str, **fields: Any) -> None:
-        """Queue one entry for ``booking_id``; it is written within a round trip, in order, without waiting."""
+        """Queue one entry for ``booking_id``; it is written within milliseconds, in order, without waiting."""
         self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))
         if len(self._pending) > MAX_PENDING:
             dropped = len(self._pending) - MAX_PENDING
@@ -141,7 +143,7 @@ class JournalWriter:
                     async with asyncio.timeout(BATCH_WINDOW_S):
                         await self._now.wait()
             self._now.clear()
-            batch, self._pending = self._pending, []
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             keys: list[str] = []
             for booking_id, _ in batch:
                 keys.extend((journal_key(booking_id), key("booking", booking_id)))
