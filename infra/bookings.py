@@ -28,9 +28,10 @@ from redis.asyncio import Redis
 
 from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus, JournalKind
 from infra import journal
-from infra.journal import encode_entry, instance_id, journal_key
+from infra.booking_keys import BOOKINGS_TAG, booking_key, journal_key
+from infra.journal import encode_entry, instance_id
 from infra.metrics import count_cancel_request, count_final
-from infra.redis import BOOKINGS_TAG, RedisScript, key, text
+from infra.redis import RedisScript, key, text
 from infra.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -140,11 +141,6 @@ if current then return current end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return ARGV[1]
 """)
-
-
-def booking_key(booking_id: str, *, prefix: str | None = None) -> str:
-    """The Redis key of a booking's record (a hash)."""
-    return key(BOOKINGS_TAG, "booking", booking_id, prefix=prefix)
 
 
 class CancelOutcome(StrEnum):

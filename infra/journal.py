@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from domain.booking import FINAL_JOURNAL_KINDS, JournalKind
-from infra.redis import BOOKINGS_TAG, RedisClient, RedisScript, key, text
+from infra.booking_keys import booking_key, journal_key
+from infra.redis import RedisClient, RedisScript, text
 from infra.settings import get_settings
 from resilience.events import CircuitRejected, ResilienceEvent, RetryScheduled
 
@@ -81,10 +82,6 @@ for i = 1, #KEYS, 2 do
 end
 return n
 """)
-
-
-def journal_key(booking_id: str) -> str:
-    return key(BOOKINGS_TAG, "journal", booking_id)  # with its booking record: see BOOKINGS_TAG
 
 
 def iso_now(epoch: float | None = None) -> str:
@@ -146,7 +143,7 @@ class JournalWriter:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             keys: list[str] = []
             for booking_id, _ in batch:
-                keys.extend((journal_key(booking_id), key("booking", booking_id)))
+                keys.extend((journal_key(booking_id), booking_key(booking_id)))
             try:
                 await _APPEND(self.redis, keys=keys, args=[self.max_len, self.ttl_s, *(e for _, e in batch)])
             except Exception:

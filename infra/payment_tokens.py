@@ -12,7 +12,8 @@ from typing import Final
 
 from redis.asyncio import Redis
 
-from infra.redis import BOOKINGS_TAG, key, text
+from infra.booking_keys import BOOKINGS_TAG
+from infra.redis import key, text
 
 __all__ = ["TOKEN_TTL_S", "PaymentTokens"]
 

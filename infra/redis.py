@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import redis as sync_redis
 import redis.cluster as sync_cluster
@@ -212,12 +212,6 @@ def create_sync_redis(url: str | None = None, **kwargs: Any) -> Any:
             target.master, db=target.db, username=target.username, password=target.password, **options
         )
     return sync_redis.Redis.from_url(target.url, **options)
-
-
-BOOKINGS_TAG: Final = "{bookings}"
-"""Redis Cluster hash tag of every key of a booking (record, in-flight index, journal, list index, client key,
-payment token): one slot, so the scripts that touch two of them run on a cluster, and one ``WAIT`` after the
-acceptance's last write covers them all (docs/redis-ha.md)."""
 
 
 def key(*parts: str, prefix: str | None = None) -> str:

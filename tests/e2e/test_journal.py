@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as redis_sync
 
+from infra.booking_keys import booking_key, journal_key
+from infra.redis import create_sync_redis
 from tests.e2e.test_chaos import CHAOS_ENV, RECOVERY_TIMEOUT_S, assert_confirmed_exactly_once, wait_for_status
 from tests.procs import concierge_command
 from tests.stack import CORE, Stack, fresh_database, stay
@@ -252,14 +253,16 @@ def test_a_client_that_never_reads_does_not_grow_the_server_memory(stack: Stack)
     """Back pressure: a stream is pulled one send at a time, so an unread socket stalls its reader (bounded by the
     socket buffers and one page of entries) instead of queueing the journal in the server."""
     booking_id = uuid.uuid4().hex
-    client = redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+    client = create_sync_redis(stack.env["REDIS_URL"])
     try:  # a booking still running, whose journal holds 8 MB
-        client.hset(f"{stack.prefix}:booking:{booking_id}", mapping={"booking_id": booking_id, "status": "paying"})
+        client.hset(
+            booking_key(booking_id, prefix=stack.prefix), mapping={"booking_id": booking_id, "status": "paying"}
+        )
         padding = "x" * 8000
         with client.pipeline(transaction=False) as pipe:
             for n in range(1000):
                 entry = {"kind": "call", "at": "2027-01-01T00:00:00.000Z", "instance": "test", "n": n, "pad": padding}
-                pipe.xadd(f"{stack.prefix}:journal:{booking_id}", {"e": json.dumps(entry)})
+                pipe.xadd(journal_key(booking_id, prefix=stack.prefix), {"e": json.dumps(entry)})
             pipe.execute()
     finally:
         client.close()
