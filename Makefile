@@ -36,8 +36,13 @@ compose-check: $(STAMP)
 api-check: $(STAMP)
 	$(BIN)/python scripts/api_check.py $(API_CHECK_ARGS)
 
+# The default suite (minutes): everything but the tests marked slow. CI runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The slow tests: whole stacks under load with replicas killed, Redis failovers and clusters, benches as processes.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
