@@ -74,7 +74,7 @@ SERVICE = "recovery-worker"
 BOOKING_GRAPH = "booking"
 """``RunRecord.graph`` of booking runs (what booking-agent records)."""
 DRAIN_S = 10.0
-"""How long a stopping worker lets its runs reach a step boundary before cancelling them."""
+"""How long a stopping worker lets its runs hand themselves back before cancelling their tasks."""
 QUEUE_HEALTH_FIELDS = (
     "depth",
     "max_size",

@@ -55,7 +55,7 @@ class RunOutcome(StrEnum):
     DONE = "done"
     """The graph reached END; the run is final."""
     HANDED_OFF = "handed_off"
-    """Stopped at a step boundary for a shutdown; lease released and the run enqueued for recovery."""
+    """Stopped for a shutdown (its step cancelled); lease released and the run enqueued for recovery."""
     LOST = "lost"
     """Another owner holds the run now; we stopped before our next side effect."""
     FAILED = "failed"
@@ -218,7 +218,7 @@ async def _hand_off(lease: RunLease, hand_off: HandOff | None) -> RunResult:
     await lease.release()
     if hand_off is not None:
         await hand_off(lease.thread_id)
-    logger.info("run %s handed off for recovery at a step boundary", lease.thread_id)
+    logger.info("run %s handed off for recovery", lease.thread_id)
     return RunResult(RunOutcome.HANDED_OFF)
 
 

@@ -38,6 +38,8 @@ PRESENCE_ENV = {
     "CONCIERGE_LOG_LEVEL": "INFO",
 }
 TIMEOUT_S = 60.0
+START_S = 120.0
+"""Bounds a service's start: on a busy machine importing LangGraph alone can take half a minute."""
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,8 @@ def database() -> Iterator[str]:
 def presence_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, database: str) -> Iterator[Stack]:
     tmp: Path = tmp_path_factory.mktemp("presence")
     with Stack(tmp, redis_url, database_url=database, env=PRESENCE_ENV) as stack:
-        stack.start((*CORE, "recovery-worker"))
+        for service in (*CORE, "recovery-worker"):
+            serve(stack, service)
         yield stack
 
 
@@ -58,13 +61,20 @@ def presence_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, dat
 def stack(presence_stack: Stack) -> Iterator[Stack]:
     for service in (*CORE, "recovery-worker"):
         if not presence_stack.services[service].alive:
-            presence_stack.serve(service)
+            serve(presence_stack, service)
     yield presence_stack
     for provider in ("hotel-api", "payment-api"):
         presence_stack.fault(provider)
 
 
 # --------------------------------------------------------------------------------------------------- helpers
+
+
+def serve(stack: Stack, service: str, env: dict[str, str] | None = None) -> ServiceProcess:
+    """``stack.serve`` with a longer bound on the start (``START_S``)."""
+    proc = stack.procs.serve(service, port=stack.ports[service], env=env, timeout=START_S)
+    stack.services[service] = proc
+    return proc
 
 
 def sync_redis(stack: Stack) -> redis_sync.Redis:
@@ -134,7 +144,7 @@ def test_kill_9_a_peer_takes_the_run_over_long_before_any_lease_could_expire(sta
     stack.fault("payment-api")
     assert_each_confirmed_exactly_once(stack, [booking_id])
     assert fence(stack, booking_id) == 2
-    stack.serve("booking-agent")
+    serve(stack, "booking-agent")
 
 
 def test_sigterm_cancels_the_step_and_hands_the_run_over(stack: Stack) -> None:
@@ -149,7 +159,7 @@ def test_sigterm_cancels_the_step_and_hands_the_run_over(stack: Stack) -> None:
     assert "handed off for recovery" in agent.log_text()
     stack.fault("payment-api")
     assert_each_confirmed_exactly_once(stack, [booking_id])
-    stack.serve("booking-agent")
+    serve(stack, "booking-agent")
 
 
 def test_client_kill_of_the_presence_connection_is_a_blip_the_owner_keeps_its_run(stack: Stack) -> None:
@@ -184,7 +194,7 @@ def test_sigstop_frozen_owner_is_taken_over_after_its_instance_lease_and_is_fenc
     stack: Stack,
 ) -> None:
     stack.services["booking-agent"].kill()
-    agent = stack.serve("booking-agent", env={"PRESENCE_LEASE_TTL": "2"})
+    agent = serve(stack, "booking-agent", env={"PRESENCE_LEASE_TTL": "2"})
     stack.fault("payment-api", latency_s=1.5)
     booking_id = book(stack, 320)
     wait_for_status(stack, booking_id, {"paying"})
@@ -201,11 +211,11 @@ def test_sigstop_frozen_owner_is_taken_over_after_its_instance_lease_and_is_fenc
     stack.fault("payment-api")
     assert_each_confirmed_exactly_once(stack, [booking_id])
     agent.kill()
-    stack.serve("booking-agent")
+    serve(stack, "booking-agent")
 
 
 def test_fifty_runs_on_a_killed_replica_are_resumed_by_two_workers_each_exactly_once(stack: Stack) -> None:
-    second = stack.procs.serve("recovery-worker", port=free_port())
+    second = stack.procs.serve("recovery-worker", port=free_port(), timeout=START_S)
     try:
         stack.fault("payment-api", latency_s=1.5)
         booking_ids = [book(stack, 400 + n) for n in range(50)]
@@ -220,7 +230,7 @@ def test_fifty_runs_on_a_killed_replica_are_resumed_by_two_workers_each_exactly_
         assert fences[2] > 0
     finally:
         _stop(second)
-    stack.serve("booking-agent")
+    serve(stack, "booking-agent")
 
 
 def _stop(proc: ServiceProcess) -> None:
@@ -238,7 +248,8 @@ def test_a_redis_restart_under_load_takes_no_run_from_its_live_owner(tmp_path: P
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     try:
         with fresh_database() as database, Stack(tmp_path, url, database_url=database, env=PRESENCE_ENV) as stack:
-            stack.start((*CORE, "recovery-worker"))
+            for service in (*CORE, "recovery-worker"):
+                serve(stack, service)
             stack.fault("payment-api", latency_s=1.0)
             booking_ids = [book(stack, 500 + n) for n in range(8)]
             wait_until(lambda: all(redis_status(stack, b) != "pending" for b in booking_ids), "bookings to start")
