@@ -45,6 +45,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,7 @@ class Bench:
         self.next_day = 200
         self.booked: list[str] = []
         self.mode_env: dict[str, str] = {}
+        self.lock = threading.Lock()
 
     def status(self, booking_id: str) -> str:
         return str(self.redis.hget(f"{self.stack.prefix}:booking:{booking_id}", "status") or "missing")
@@ -118,8 +120,10 @@ class Bench:
     def book(self, count: int) -> list[str]:
         ids = []
         for _ in range(count):
-            checkin, checkout = stay(days_ahead=self.next_day)
-            self.next_day += 1
+            with self.lock:
+                day = self.next_day
+                self.next_day += 1
+            checkin, checkout = stay(days_ahead=day)
             ids.append(str(self.stack.book(checkin=checkin, checkout=checkout)["booking_id"]))
         self.booked += ids
         return ids
@@ -190,8 +194,11 @@ class Bench:
 
     def mass_round(self) -> dict[str, Any]:
         """``--mass`` bookings held in their charge on one booking-agent, which is killed; providers fault-free after."""
-        self.stack.fault("payment-api", latency_s=3.0)
-        ids = self.book(self.args.mass)
+        self.stack.fault("payment-api", latency_s=20.0)  # every run reaches its charge and stays there
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            ids = [
+                booking_id for batch in pool.map(lambda _: self.book(1), range(self.args.mass)) for booking_id in batch
+            ]
         deadline = time.monotonic() + 60
         while sum(self.status(b) == "paying" for b in ids) < len(ids) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -130,7 +130,7 @@ async def _stream_to_the_end(
 ) -> RunResult:
     async with lease.keep_alive():
         # No status write here: creating or acquiring a lease already marks the run ``running``.
-        with fence_scope(lease.ensure_owned):
+        with fence_scope(lease.ensure_owned, lease.fence):
             values = await _unless_stopped(_stream(graph, lease, run_input, config, stop), stop)
         if values is None:
             return await _hand_off(lease, hand_off)
