@@ -158,9 +158,9 @@ async def test_a_claim_left_under_a_lower_run_fence_is_taken_over_at_once(redis:
     body = Body()
     node = make(redis, body)
 
-    with fence_scope(passes, 1):  # the same fence: the claimer could be us, alive; it is waited for
-        with pytest.raises(BudgetExhaustedError), budget_scope(0.3):
-            await node(STATE, CONFIG)
+    # the same fence: the claimer could be us, alive; it is waited for
+    with fence_scope(passes, 1), pytest.raises(BudgetExhaustedError), budget_scope(0.3):
+        await node(STATE, CONFIG)
     assert body.calls == 0
     with fence_scope(passes, 2):
         result = await asyncio.wait_for(node(STATE, CONFIG), 5)  # far below the 600 s lease left
