@@ -491,8 +491,13 @@ async def test_stop_during_a_backoff_hands_the_run_back_at_once(harness: Harness
     loop = asyncio.create_task(consumer.run())
     for _ in range(200):
         record = await harness.runs.get("order-12")
-        if harness.behaviour.runs["b"] == 1 and record is not None and record.owner == "worker-1":
-            break  # attempt 1 failed and the consumer holds the run again for its 30 s backoff
+        if (
+            harness.behaviour.runs["b"] == 1
+            and record is not None
+            and record.owner == "worker-1"
+            and record.last_error == "RuntimeError: b is broken"
+        ):
+            break  # attempt 1 failed (recorded) and the consumer holds the run again for its 30 s backoff
         await asyncio.sleep(0.02)
     else:
         raise AssertionError("attempt 1 never failed")
