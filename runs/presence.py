@@ -132,7 +132,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expired = 0
 for i = 3, #ARGV do
   local run = KEYS[i + 1]
-  local owner, lease_until, status = unpack(redis.call('HMGET', run, 'owner', 'lease_until', 'status'))
+  local owner, lease_until = unpack(redis.call('HMGET', run, 'owner', 'lease_until'))
   if owner == ARGV[1] and lease_until == HELD then
     -- what a run lease expiry leaves behind: the orphan scan claims it, a consumer acquires it with fence + 1
     redis.call('HSET', run, 'lease_until', now)
