@@ -9,8 +9,10 @@ JSON or live as Server-Sent Events; ``GET /bookings`` lists the bookings, newest
 next step boundary, compensates and ends it ``cancelled`` (docs/cancel.md). Any replica answers any booking.
 
 Nothing is accepted that is not durable first: if this process dies after the 202, the run's lease expires and the
-recovery worker resumes it from its checkpoint. On SIGTERM the service stops taking bookings, stops its runs at the
-next step boundary and hands them to the recovery queue at once.
+recovery worker resumes it from its checkpoint: with presence on (``PRESENCE_ENABLED``) this process keeps one named
+Redis connection and one instance lease for all its runs, and a peer takes them over as soon as that connection is
+gone (``runs.presence``). On SIGTERM the service stops taking bookings, cancels the step each run is in and hands the
+runs to the recovery queue at once (before uvicorn waits for open requests).
 
 An accepted booking is a promise, so the capacity limits act at the door, never on a run: past
 ``BOOKING_MAX_IN_FLIGHT`` runs in this process (bulkhead ``booking_runs``, one slot held per run), a new booking is
@@ -67,6 +69,7 @@ from infra.service.openapi import (
     validation_error,
 )
 from infra.settings import Settings, get_settings
+from infra.signals import on_terminate
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import (
     OUTBOUND_BULKHEAD_CONFIGS,
@@ -78,7 +81,8 @@ from resilience import (
     remaining_budget,
     wait_for_slots,
 )
-from runs.leases import RunStore
+from runs.leases import RunStore, instance_name
+from runs.presence import Presence
 from runs.runner import execute_run
 
 logger = logging.getLogger(__name__)
@@ -279,7 +283,7 @@ class BookingService:
         )
 
     async def drain(self) -> None:
-        """SIGTERM: stop at the next step boundary, hand the runs to recovery, then return."""
+        """SIGTERM: cancel each run's current step, hand the runs to recovery, then return."""
         self.stopping.set()
         if not self.tasks:
             return
@@ -299,8 +303,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.checkpointer = saver
         graph = build_booking_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
-        instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+        instance = instance_name(settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}")
         name_instance(instance)  # the journal names the process as its run leases do
+        presence = Presence(instance) if settings.presence_enabled else None
+        if presence is not None:
+            await presence.start()  # registered before the first run, so every run is held by it
         # never waited for (try_hold), and a run bounds itself: acquire_timeout and timeout are not used
         slots = bulkhead_registry.configure(
             RUNS_BULKHEAD,
@@ -311,9 +318,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = BookingService(deps, graph, RunStore(redis), guard, instance, slots)
         app.state.booking = service
         try:
-            yield
+            with on_terminate(service.stopping.set):
+                yield
         finally:
-            await service.drain()
+            try:
+                await service.drain()
+            finally:
+                if presence is not None:
+                    await presence.stop()
 
 
 async def _checkpointer_ready() -> None:

@@ -4,8 +4,13 @@ recovery-worker``, port 8020).
 One process runs two loops next to the service shell's routes:
 
 - the ``OrphanScanner`` (every ``ORPHAN_SCAN_INTERVAL``) queues runs whose lease expired;
-- the ``RecoveryConsumer`` takes them, up to 3 at a time (bulkhead ``recovery_worker``), and resumes each from its
-  checkpoint with a fresh ``BOOKING_BUDGET_S`` (see ``recovery.consumer`` for the whole decision).
+- the ``RecoveryConsumer`` takes them, up to ``RECOVERY_CONCURRENCY`` at a time (bulkhead ``recovery_worker``), and
+  resumes each from its checkpoint with a fresh ``BOOKING_BUDGET_S`` (see ``recovery.consumer`` for the whole
+  decision).
+
+With presence on (``PRESENCE_ENABLED``) the scanner also sweeps the processes' presence every
+``PRESENCE_SCAN_INTERVAL`` (a process whose named connection is gone loses its runs at once), and this process keeps
+a presence of its own for the runs it resumes.
 
 Any number of workers may run side by side: the scanner's claims, the queue's deliveries and the fenced leases keep
 every run with exactly one of them.
@@ -14,9 +19,9 @@ Routes added to the shell's: ``GET /health/queue`` (queue figures, shared by eve
 worker is resuming) and the same figures as Prometheus gauges in ``/metrics``, read from Redis when scraped.
 ``/health/ready`` checks Redis and the checkpointer.
 
-SIGTERM: uvicorn finishes open requests, then the lifespan stops the scanner, stops taking, hands the runs in hand
-back at their next step boundary (lease released, re-enqueued at once) and cancels whatever still runs after
-``DRAIN_S`` (which hands it back too).
+SIGTERM: the consumer stops taking at once and the runs in hand have their current step cancelled and are handed
+back (lease released, re-enqueued at once); then uvicorn finishes open requests and the lifespan stops the scanner
+and cancels whatever still runs after ``DRAIN_S`` (which hands it back too).
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.journal import name_instance
 from infra.service import create_service_app
 from infra.settings import get_settings
-from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer
+from infra.signals import on_terminate
+from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoverableGraph, RecoveryConsumer
 from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
 from recovery.scanner import OrphanScanner
-from runs.leases import RunRecord, RunStore
+from resilience import bulkhead_registry
+from runs.leases import RunRecord, RunStore, instance_name
+from runs.presence import Presence, PresenceMonitor
 
 __all__ = [
     "BOOKING_GRAPH",
@@ -67,7 +75,7 @@ SERVICE = "recovery-worker"
 BOOKING_GRAPH = "booking"
 """``RunRecord.graph`` of booking runs (what booking-agent records)."""
 DRAIN_S = 10.0
-"""How long a stopping worker lets its runs reach a step boundary before cancelling them."""
+"""How long a stopping worker lets its runs hand themselves back before cancelling their tasks."""
 QUEUE_HEALTH_FIELDS = (
     "depth",
     "max_size",
@@ -122,15 +130,24 @@ class RecoveryWorker:
         consumer_id: str,
         config: ConsumerConfig | None = None,
     ) -> RecoveryWorker:
-        """Wire store, queue, guard, scanner and consumer from the settings."""
+        """Wire store, queue, guard, scanner and consumer from the settings (``RECOVERY_CONCURRENCY`` runs at once)."""
+        settings = get_settings()
         dlq = DeadLetterQueue(redis)
         guard = QueueGuard(redis, dlq)
         queue = RecoveryQueue(redis, dlq)
         runs = RunStore(redis)
+        bulkhead = bulkhead_registry.configure(BULKHEAD_NAME, max_concurrent=settings.recovery_concurrency)
         consumer = RecoveryConsumer(
-            runs=runs, queue=queue, guard=guard, graphs=graphs, consumer_id=consumer_id, config=config
+            runs=runs,
+            queue=queue,
+            guard=guard,
+            graphs=graphs,
+            consumer_id=consumer_id,
+            config=config,
+            bulkhead=bulkhead,
         )
-        return cls(scanner=OrphanScanner(redis, runs, guard), consumer=consumer)
+        monitor = PresenceMonitor(redis) if settings.presence_enabled else None
+        return cls(scanner=OrphanScanner(redis, runs, guard, presence=monitor), consumer=consumer)
 
     def start(self) -> None:
         self._tasks = [
@@ -243,8 +260,11 @@ class RefreshQueueGaugesOnScrape:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     redis: Redis = app.state.redis
-    instance = settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+    instance = instance_name(settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}")
     name_instance(instance)  # the journal names the process as its run leases do
+    presence = Presence(instance) if settings.presence_enabled else None
+    if presence is not None:
+        await presence.start()
     async with open_checkpointer() as saver, open_booking_deps(redis) as deps:
         app.state.checkpointer = saver
         graph = build_booking_graph(deps, saver)
@@ -256,9 +276,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker.start()
         logger.info("recovery worker %s scanning every %.2fs", instance, worker.scanner.interval)
         try:
-            yield
+            with on_terminate(worker.consumer.stopping.set):
+                yield
         finally:
-            await worker.stop()
+            try:
+                await worker.stop()
+            finally:
+                if presence is not None:
+                    await presence.stop()
 
 
 async def _checkpointer_ready() -> None:

@@ -72,6 +72,7 @@ ATTR_IDEMPOTENCY_KEY = "idempotency.key"
 
 _current_key: ContextVar[str | None] = ContextVar("concierge_idempotency_key", default=None)
 _fence: ContextVar[FenceCheck | None] = ContextVar("concierge_fence_check", default=None)
+_fence_number: ContextVar[int | None] = ContextVar("concierge_fence_number", default=None)
 
 
 def idempotency_key() -> str:
@@ -90,16 +91,20 @@ def idempotency_key() -> str:
 
 
 @contextlib.contextmanager
-def fence_scope(check: FenceCheck) -> Iterator[None]:
+def fence_scope(check: FenceCheck, fence: int | None = None) -> Iterator[None]:
     """Install ``check`` for idempotent nodes run inside this block (LangGraph tasks inherit the context).
 
     ``idempotent_node`` awaits it right before running a body, after it has claimed the node: a run owner that lost
-    its run lease raises there and stops before its next side effect. The previous check is restored on exit.
+    its run lease raises there and stops before its next side effect. ``fence`` (the run lease's) is written on the
+    claims: a claim left by an owner with a lower fence was made by one the run was taken from, and is taken over at
+    once instead of waited out (``IDEMPOTENCY_LEASE_S``). The previous check and fence are restored on exit.
     """
     token = _fence.set(check)
+    number = _fence_number.set(fence)
     try:
         yield
     finally:
+        _fence_number.reset(number)
         _fence.reset(token)
 
 
@@ -145,10 +150,14 @@ def derive_idempotency_key(name: str, thread_id: str, state: Any, key_fields: Se
 # ---------------------------------------------------------------------------------------------------------------
 # Redis scripts: every key via KEYS (one key, so one cluster slot); outcomes are short strings
 
+# ARGV: owner token, lease_ms, run fence ('' = none). A claim made under a lower run fence belongs to an owner the
+# run was taken from (fenced out of its next side effect): it is taken over, as if its lease had lapsed.
 _CLAIM = RedisScript("""
-local rec = redis.call('HMGET', KEYS[1], 'status', 'owner', 'result')
-if not rec[1] then
-  redis.call('HSET', KEYS[1], 'status', 'claimed', 'owner', ARGV[1])
+local rec = redis.call('HMGET', KEYS[1], 'status', 'owner', 'result', 'fence')
+local superseded = rec[1] == 'claimed' and ARGV[3] ~= '' and tonumber(rec[4] or '') ~= nil
+  and tonumber(rec[4]) < tonumber(ARGV[3])
+if not rec[1] or superseded then
+  redis.call('HSET', KEYS[1], 'status', 'claimed', 'owner', ARGV[1], 'fence', ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {'claimed', ''}
 end
@@ -309,7 +318,8 @@ class _Idempotent:
         started = self.clock()
         while True:
             try:
-                reply = await _CLAIM(client, keys=[record], args=[token, lease_ms])
+                fence = _fence_number.get()
+                reply = await _CLAIM(client, keys=[record], args=[token, lease_ms, "" if fence is None else fence])
             except RedisError as exc:
                 raise IdempotencyStoreError(self.name, "claim") from exc
             outcome = text(reply[0])

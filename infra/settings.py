@@ -120,6 +120,44 @@ class Settings(BaseSettings):
     # failing: it is retried, backing off up to RECOVERY_OUTAGE_MAX_DELAY, for this long before it counts as failed
     recovery_outage_horizon_s: float = Field(6 * 3600.0, validation_alias="RECOVERY_OUTAGE_HORIZON", gt=0)
     recovery_outage_max_delay_s: float = Field(30.0, validation_alias="RECOVERY_OUTAGE_MAX_DELAY", gt=0)
+    recovery_concurrency: int = Field(
+        50,
+        validation_alias="RECOVERY_CONCURRENCY",
+        ge=1,
+        description="Runs one recovery worker resumes at once (bulkhead recovery_worker): a replica that dies holding "
+        "many runs has them all resumed together; more workers share the orphans.",
+    )
+
+    # presence: a dead owner is noticed by its Redis connection (runs/presence.py, docs/presence.md)
+    presence_enabled: bool = Field(True, validation_alias="PRESENCE_ENABLED")
+    presence_interval_s: float = Field(
+        0.2, validation_alias="PRESENCE_INTERVAL", gt=0, description="How often a process renews its instance lease."
+    )
+    presence_lease_ttl_s: float = Field(
+        5.0,
+        validation_alias="PRESENCE_LEASE_TTL",
+        gt=0,
+        description="The instance lease: a process that stops renewing (frozen, host gone) loses its runs after it.",
+    )
+    presence_grace_s: float = Field(
+        0.4,
+        validation_alias="PRESENCE_GRACE",
+        ge=0,
+        description="How long a process's named connection may be missing (a reconnect) before its runs are taken.",
+    )
+    presence_scan_interval_s: float = Field(
+        0.1,
+        validation_alias="PRESENCE_SCAN_INTERVAL",
+        gt=0,
+        description="The orphan scan's interval while presence is on (ORPHAN_SCAN_INTERVAL when it is off).",
+    )
+    presence_restart_grace_s: float = Field(
+        3.0,
+        validation_alias="PRESENCE_RESTART_GRACE",
+        ge=0,
+        description="After Redis restarts or fails over (every connection drops at once), nobody is declared dead "
+        "for this long: every process reconnects and renews first.",
+    )
 
     @field_validator("redis_url")
     @classmethod

@@ -46,7 +46,7 @@ A checkpoint whose step finished but was never saved (the store failed right aft
 result as pending writes: a resume applies them instead of running the step again, and a give-up records them with
 the error so the compensation sees, say, the hold it must cancel.
 
-**Shutdown** (``stop``): no new takes; a run in a graph step stops at the next step boundary and is handed back
+**Shutdown** (``stop``): no new takes; a run in a graph step has that step cancelled and is handed back
 (lease released, run re-enqueued at once, so another worker does not wait for the TTL); a run waiting out a backoff
 is handed back the same way; whatever is still busy after the grace period is cancelled, which hands it back too.
 """
@@ -296,7 +296,7 @@ class RecoveryConsumer:
             self._slots.release()
 
     async def stop(self, grace: float = 10.0) -> None:
-        """Stop taking; let runs reach a step boundary and be handed back within ``grace``, then cancel the rest."""
+        """Stop taking; runs cancel their step and are handed back (within ``grace``, else their tasks are cancelled)."""
         self.stopping.set()
         tasks = set(self._tasks)
         if not tasks:

@@ -5,6 +5,11 @@ SCAN), then hands them to ``QueueGuard.enqueue_orphans``, which re-checks each r
 one script. So any number of scanners can run side by side (one per replica): each orphan is enqueued once per
 lease expiry. A run stops being an orphan as soon as a consumer acquires its lease; if that consumer dies too, the
 new lease expires and the run is an orphan again.
+
+With a ``PresenceMonitor`` each scan first sweeps the processes' presence (``runs.presence``): the runs of a process
+whose named Redis connection is gone (past ``PRESENCE_GRACE``) or whose instance lease expired get their lease ended
+in that pass, so the same scan finds and queues them: a dead owner is noticed in one scan interval plus the grace,
+not after a run lease TTL.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from infra.settings import get_settings
 from recovery.errors import redis_errors
 from recovery.queue import EnqueueOutcome, QueueGuard
 from runs.leases import RunStore
+from runs.presence import PresenceMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +50,8 @@ _MAX_PAGES = 100
 class OrphanScanner:
     """Periodic orphan detection. ``redis`` runs the index query; ``store`` names the index; ``guard`` enqueues.
 
-    ``interval`` defaults to ``ORPHAN_SCAN_INTERVAL``; ``batch_size`` is how many candidates one script handles.
+    ``interval`` defaults to ``ORPHAN_SCAN_INTERVAL`` (``PRESENCE_SCAN_INTERVAL`` with a ``presence`` monitor);
+    ``batch_size`` is how many candidates one script handles.
     """
 
     def __init__(
@@ -55,10 +62,14 @@ class OrphanScanner:
         *,
         interval: float | None = None,
         batch_size: int = 100,
+        presence: PresenceMonitor | None = None,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self.interval = float(interval if interval is not None else get_settings().orphan_scan_interval_s)
+        settings = get_settings()
+        default = settings.presence_scan_interval_s if presence is not None else settings.orphan_scan_interval_s
+        self.interval = float(interval if interval is not None else default)
+        self.presence = presence
         if self.interval <= 0:
             raise ValueError(f"scan interval must be positive, got {self.interval!r}")
         if batch_size <= 0:
@@ -73,6 +84,8 @@ class OrphanScanner:
     async def scan_once(self) -> list[str]:
         """Enqueue every current orphan; returns the ids this call newly put in the queue."""
         enqueued: list[str] = []
+        if self.presence is not None:
+            await self.presence.sweep()  # ends the holds of dead processes: their runs are expired leases now
         for _ in range(_MAX_PAGES):
             with redis_errors("reading expired leases"):
                 expired = await _EXPIRED(self._redis, keys=[self.store.index_key], args=[self.batch_size])

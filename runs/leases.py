@@ -17,6 +17,11 @@ handed to the recovery queue is scored ``+inf`` there until someone takes its le
 over twice for the same expiry. Everything lives under the ``{recovery}`` hash tag: the queue's scripts touch
 run records and queue keys together, which Redis Cluster allows only within one slot.
 
+With presence on (``PRESENCE_ENABLED``, ``runs.presence``) a run taken by a registered, live process is *held* by
+it: ``lease_until`` is ``HELD_MS``, the run is listed in its instance's SET, and nothing renews it; the process's one
+instance lease and its named connection stand for all its runs, and the presence sweep ends the hold (``lease_until``
+= now, as an expiry would) when the process is gone. The fence per acquisition is unchanged.
+
 Decisions worth knowing:
 
 - ``create`` on an existing thread id changes nothing and returns ``None`` (a retried POST must not reset a run);
@@ -33,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -80,6 +86,27 @@ def active_index_key(*, prefix: str | None = None) -> str:
     return key(RECOVERY_TAG, "runs", "active", prefix=prefix)
 
 
+HELD_MS = 2**53 - 1
+"""``lease_until`` (and active-index score) of a run held by its owner's presence (``runs.presence``): later than
+any clock, so nothing comparing lease expiries sees it expire; only the presence sweep ends it."""
+
+
+def instances_key(*, prefix: str | None = None) -> str:
+    """ZSET instance id → instance lease expiry (ms): the registered, live processes (``runs.presence``)."""
+    return key(RECOVERY_TAG, "instances", prefix=prefix)
+
+
+def instance_runs_key(instance: str, *, prefix: str | None = None) -> str:
+    """SET of the runs an instance holds by its presence."""
+    return key(RECOVERY_TAG, "instance", instance, "runs", prefix=prefix)
+
+
+def instance_name(instance: str) -> str:
+    """``instance`` as a valid ``CLIENT SETNAME`` name (no whitespace): the name of its presence connection and the
+    owner it writes on runs, which must be the same string."""
+    return re.sub(r"\s+", "_", instance.strip()) or "unnamed"
+
+
 @dataclass(frozen=True)
 class RunRecord:
     thread_id: str
@@ -95,7 +122,9 @@ class RunRecord:
     updated_at: float
     last_error: str | None
     lease_expires_at: float | None
-    """When the current lease runs out; ``None`` for final runs."""
+    """When the current lease runs out; ``None`` for final runs and runs held by their owner's presence."""
+    held: bool = False
+    """Held by its owner's presence (``runs.presence``): it ends when that process is gone, not at a set time."""
 
     @property
     def is_final(self) -> bool:
@@ -106,48 +135,75 @@ class RunRecord:
 class ActiveRun:
     thread_id: str
     lease_expires_at: float | None
-    """``None`` while the run sits with the recovery queue (handed over by the scanner, not yet taken)."""
+    """``None`` while the run sits with the recovery queue (handed over by the scanner, not yet taken), or is held."""
+    held: bool = False
+    """Held by its owner's presence: no expiry of its own."""
 
 
 # Shared Lua helpers. Timestamps are integer milliseconds from the server's TIME.
-_LUA_PRELUDE = """
+# A run's holder is listed in its instance's SET (``instance_runs_key``); the scripts that end or move a hold build
+# that key from ``runs_of_prefix`` (ARGV) and the owner they read: every such key is under the {recovery} tag too.
+_LUA_PRELUDE = (
+    """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local FINAL = {done = true, failed = true, dead_lettered = true}
 """
+    + f"local HELD = '{HELD_MS}'\n"
+    + """
+-- the lease expiry a new holder gets: HELD while its presence is registered and live, else a TTL lease
+local function expiry_for(instances, owner, presence, ttl_ms, now)
+  if presence == '1' and (tonumber(redis.call('ZSCORE', instances, owner)) or 0) > now then return HELD end
+  return now + tonumber(ttl_ms)
+end
+local function drop_hold(runs_of_prefix, owner, id)
+  if owner and owner ~= '' then redis.call('SREM', runs_of_prefix .. owner .. ':runs', id) end
+end
+local function take_hold(runs_of_prefix, owner, id, expiry)
+  if expiry == HELD then redis.call('SADD', runs_of_prefix .. owner .. ':runs', id) end
+end
+"""
+)
 
-# KEYS: run, active | ARGV: thread_id, graph, input, owner, ttl_ms
+# KEYS: run, active, instances | ARGV: thread_id, graph, input, owner, ttl_ms, presence, runs_of_prefix
+# → 0 exists, 1 created with a TTL lease, 2 created held by the owner's presence
 _CREATE = RedisScript(
     _LUA_PRELUDE
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local now = now_ms()
-local expiry = now + tonumber(ARGV[5])
+local expiry = expiry_for(KEYS[3], ARGV[4], ARGV[6], ARGV[5], now)
 redis.call('HSET', KEYS[1], 'thread_id', ARGV[1], 'graph', ARGV[2], 'input', ARGV[3], 'owner', ARGV[4],
   'status', 'running', 'attempts', 0, 'fence', 1, 'created_at', now, 'updated_at', now, 'last_error', '',
   'lease_until', expiry)
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+take_hold(ARGV[7], ARGV[4], ARGV[1], expiry)
+if expiry == HELD then return 2 end
 return 1
 """
 )
 
-# KEYS: run, active | ARGV: thread_id, owner, ttl_ms → new fence, 0 (held or final), -1 (no such run)
+# KEYS: run, active, instances | ARGV: thread_id, owner, ttl_ms, presence, runs_of_prefix
+# → {new fence, 1 if held by presence}; {0, 0} held or final; {-1, 0} no such run
 _ACQUIRE = RedisScript(
     _LUA_PRELUDE
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local status, lease_until = unpack(redis.call('HMGET', KEYS[1], 'status', 'lease_until'))
-if FINAL[status] then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
+local status, lease_until, previous = unpack(redis.call('HMGET', KEYS[1], 'status', 'lease_until', 'owner'))
+if FINAL[status] then return {0, 0} end
 local now = now_ms()
-if (tonumber(lease_until) or 0) > now then return 0 end
+if (tonumber(lease_until) or 0) > now then return {0, 0} end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
-local expiry = now + tonumber(ARGV[3])
+local expiry = expiry_for(KEYS[3], ARGV[2], ARGV[4], ARGV[3], now)
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'status', 'running', 'lease_until', expiry, 'updated_at', now)
 redis.call('HDEL', KEYS[1], 'claimed')
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
-return fence
+drop_hold(ARGV[5], previous, ARGV[1])
+take_hold(ARGV[5], ARGV[2], ARGV[1], expiry)
+if expiry == HELD then return {fence, 1} end
+return {fence, 0}
 """
 )
 
@@ -166,7 +222,7 @@ return 1
 """
 )
 
-# KEYS: run, active | ARGV: thread_id, owner, fence → 1 released, 0 not ours
+# KEYS: run, active | ARGV: thread_id, owner, fence, runs_of_prefix → 1 released, 0 not ours
 _RELEASE = RedisScript(
     _LUA_PRELUDE
     + """
@@ -176,17 +232,19 @@ local now = now_ms()
 redis.call('HSET', KEYS[1], 'owner', '', 'status', 'pending', 'lease_until', now, 'updated_at', now)
 redis.call('HDEL', KEYS[1], 'claimed')
 redis.call('ZADD', KEYS[2], now, ARGV[1])
+drop_hold(ARGV[4], owner, ARGV[1])
 return 1
 """
 )
 
-# KEYS: run, active | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms
-# → 1 written, -1 no run, -2 stale fence, -3 already final (with another status); final status returned as 2nd
+# KEYS: run, active | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms,
+# runs_of_prefix → 1 written, -1 no run, -2 stale fence, -3 already final (with another status); final status
+# returned as 2nd
 _SET_STATUS = RedisScript(
     _LUA_PRELUDE
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, ''} end
-local fence, current = unpack(redis.call('HMGET', KEYS[1], 'fence', 'status'))
+local fence, current, owner = unpack(redis.call('HMGET', KEYS[1], 'fence', 'status', 'owner'))
 if ARGV[3] ~= '' and fence ~= ARGV[3] then return {-2, fence} end
 if FINAL[current] then
   if current == ARGV[2] then return {1, current} end
@@ -199,6 +257,7 @@ if FINAL[ARGV[2]] then
   redis.call('HSET', KEYS[1], 'owner', '', 'lease_until', now)
   redis.call('HDEL', KEYS[1], 'claimed')
   redis.call('ZREM', KEYS[2], ARGV[1])
+  drop_hold(ARGV[7], owner, ARGV[1])
   local retention = tonumber(ARGV[6])
   if ARGV[2] ~= 'dead_lettered' and retention > 0 then redis.call('PEXPIRE', KEYS[1], retention) end
 end
@@ -227,6 +286,8 @@ class RunStore:
 
     ``ttl`` (seconds, default ``RUN_LEASE_TTL``) is the lease length; ``retention_s`` how long ``done``/``failed``
     records stay readable after they end (``None`` keeps them). ``sleep`` is what heartbeats wait with.
+    ``presence`` (default ``PRESENCE_ENABLED``): a run taken by an owner whose presence is registered is held by it
+    (no per-run renewal, see ``runs.presence``); otherwise, or for an unregistered owner, it gets a TTL lease.
     """
 
     def __init__(
@@ -236,8 +297,10 @@ class RunStore:
         ttl: float | None = None,
         retention_s: float | None = DEFAULT_RETENTION_S,
         sleep: Sleep = asyncio.sleep,
+        presence: bool | None = None,
     ) -> None:
         settings = get_settings()
+        self.presence = settings.presence_enabled if presence is None else presence
         self.ttl = float(ttl if ttl is not None else settings.run_lease_ttl_s)
         if self.ttl <= 0:
             raise ValueError(f"lease ttl must be positive, got {self.ttl!r}")
@@ -247,6 +310,10 @@ class RunStore:
         self._prefix = settings.key_prefix
         self.sleep = sleep
         self.index_key = active_index_key(prefix=self._prefix)
+        self.instances_key = instances_key(prefix=self._prefix)
+        # instance_runs_key(owner) is this + owner + ":runs", built by the scripts from the owner they read
+        self._runs_of_prefix = instance_runs_key("", prefix=self._prefix).removesuffix(":runs")
+        self._presence_arg = "1" if self.presence else "0"
 
     @property
     def prefix(self) -> str:
@@ -261,11 +328,11 @@ class RunStore:
         with redis_errors(f"creating run {thread_id!r}"):
             created = await _CREATE(
                 self._redis,
-                keys=[self.run_key(thread_id), self.index_key],
-                args=[thread_id, graph, payload, owner, self._ttl_ms],
+                keys=[self.run_key(thread_id), self.index_key, self.instances_key],
+                args=[thread_id, graph, payload, owner, self._ttl_ms, self._presence_arg, self._runs_of_prefix],
                 durable=True,  # a run a failover forgot would never finish: on a replica before the 202
             )
-        return RunLease(self, thread_id, owner, 1) if created == 1 else None
+        return RunLease(self, thread_id, owner, 1, held=created == 2) if created else None
 
     async def get(self, thread_id: str) -> RunRecord | None:
         with redis_errors(f"reading run {thread_id!r}"):
@@ -274,6 +341,7 @@ class RunStore:
             return None
         raw = {text(name): text(value) for name, value in reply.items()}
         status = RunStatus(raw["status"])
+        held = not status.is_final and raw.get("lease_until") == str(HELD_MS)
         return RunRecord(
             thread_id=raw["thread_id"],
             graph=raw["graph"],
@@ -285,7 +353,8 @@ class RunStore:
             created_at=_seconds(raw.get("created_at")),
             updated_at=_seconds(raw.get("updated_at")),
             last_error=raw.get("last_error") or None,
-            lease_expires_at=None if status.is_final else _seconds(raw.get("lease_until")),
+            lease_expires_at=None if status.is_final or held else _seconds(raw.get("lease_until")),
+            held=held,
         )
 
     async def acquire(self, thread_id: str, owner: str) -> RunLease | None:
@@ -294,12 +363,12 @@ class RunStore:
         ``None`` when someone holds a live lease, the run is final, or there is no such run.
         """
         with redis_errors(f"acquiring run {thread_id!r}"):
-            fence = int(
-                await _ACQUIRE(
-                    self._redis, keys=[self.run_key(thread_id), self.index_key], args=[thread_id, owner, self._ttl_ms]
-                )
+            fence, held = await _ACQUIRE(
+                self._redis,
+                keys=[self.run_key(thread_id), self.index_key, self.instances_key],
+                args=[thread_id, owner, self._ttl_ms, self._presence_arg, self._runs_of_prefix],
             )
-        return RunLease(self, thread_id, owner, fence) if fence > 0 else None
+        return RunLease(self, thread_id, owner, int(fence), held=held == 1) if int(fence) > 0 else None
 
     async def set_status(
         self,
@@ -327,6 +396,7 @@ class RunStore:
                     error or "",
                     "1" if error is not None else "0",
                     self._retention_ms,
+                    self._runs_of_prefix,
                 ],
             )
         if code == -1:
@@ -363,7 +433,11 @@ class RunStore:
         with redis_errors("listing active runs"):
             rows = cast(list[tuple[Any, float]], await self._redis.zrange(self.index_key, 0, -1, withscores=True))
         return [
-            ActiveRun(thread_id=text(member), lease_expires_at=None if score == float("inf") else score / 1000.0)
+            ActiveRun(
+                thread_id=text(member),
+                lease_expires_at=None if score in (float("inf"), HELD_MS) else score / 1000.0,
+                held=score == HELD_MS,
+            )
             for member, score in rows
         ]
 
@@ -383,7 +457,7 @@ class RunStore:
             released = await _RELEASE(
                 self._redis,
                 keys=[self.run_key(lease.thread_id), self.index_key],
-                args=[lease.thread_id, lease.owner, str(lease.fence)],
+                args=[lease.thread_id, lease.owner, str(lease.fence), self._runs_of_prefix],
             )
         return bool(released == 1)
 
@@ -397,15 +471,20 @@ class RunStore:
 class RunLease:
     """The right to work on one run, proven by (owner, fence). Get one from ``RunStore.create``/``acquire``."""
 
-    def __init__(self, store: RunStore, thread_id: str, owner: str, fence: int) -> None:
+    def __init__(self, store: RunStore, thread_id: str, owner: str, fence: int, *, held: bool = False) -> None:
         self.store = store
         self.thread_id = thread_id
         self.owner = owner
         self.fence = fence
+        self.held = held
+        """Held by the owner's presence: nothing to renew, the process's one instance lease stands for it."""
         self._lost_reason: str | None = None
 
     def __repr__(self) -> str:
-        return f"RunLease(thread_id={self.thread_id!r}, owner={self.owner!r}, fence={self.fence}, lost={self.lost})"
+        return (
+            f"RunLease(thread_id={self.thread_id!r}, owner={self.owner!r}, fence={self.fence}, held={self.held}, "
+            f"lost={self.lost})"
+        )
 
     @property
     def lost(self) -> bool:
@@ -420,6 +499,12 @@ class RunLease:
         """Push the expiry one TTL ahead of the server clock; False when the lease is no longer ours."""
         if self.lost:
             return False
+        if self.held:  # nothing to push ahead: whether it is still ours is all a renewal can tell
+            try:
+                await self.ensure_owned()
+            except LeaseLostError:
+                return False
+            return True
         if await self.store._renew_lease(self):
             return True
         self._mark_lost("renewal refused: another owner took over, or the run ended")
@@ -484,6 +569,10 @@ class RunLease:
         period = self.store.ttl / 3 if interval is None else interval
         if period <= 0:
             raise ValueError(f"heartbeat interval must be positive, got {period!r}")
+        if self.held:
+            # liveness is per process: the owner's presence stands for this run, and fence checks catch a takeover
+            yield self
+            return
         stop = asyncio.Event()
         task = asyncio.create_task(self._heartbeat(period, stop), name=f"lease-heartbeat:{self.thread_id}")
         try:

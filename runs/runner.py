@@ -9,8 +9,10 @@
   and ``wait_for_slots``: a full bulkhead on its way is waited out within that budget, never a failure;
 - ``durability="sync"``: each step's checkpoint is on disk before the next step starts;
 - ``journal_scope``: the steps, calls and handoff of the run go in its booking's journal (thread id = booking id);
-- the ``stop`` event is checked at every step boundary: a graceful shutdown hands the run back (lease released,
-  enqueued for recovery at once) instead of waiting for the lease to expire.
+- the ``stop`` event cancels the step in progress: a graceful shutdown hands the run back at once (lease released,
+  enqueued for recovery) instead of waiting for the step, or the lease. The cancelled step runs again on the next
+  owner from the last checkpoint; its side effects are deduplicated there (idempotent nodes, provider keys), and an
+  idempotent node frees its claim when cancelled, so the resume does not wait for it.
 
 ``input=None`` resumes from the last checkpoint (``ainvoke(None)`` semantics); a dict starts the graph.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
 from enum import StrEnum
@@ -55,7 +57,7 @@ class RunOutcome(StrEnum):
     DONE = "done"
     """The graph reached END; the run is final."""
     HANDED_OFF = "handed_off"
-    """Stopped at a step boundary for a shutdown; lease released and the run enqueued for recovery."""
+    """Stopped for a shutdown (its step cancelled); lease released and the run enqueued for recovery."""
     LOST = "lost"
     """Another owner holds the run now; we stopped before our next side effect."""
     FAILED = "failed"
@@ -145,23 +147,59 @@ async def _stream_to_the_end(
 ) -> RunResult:
     async with lease.keep_alive():
         # No status write here: creating or acquiring a lease already marks the run ``running``.
-        with fence_scope(lease.ensure_owned):
-            # "values" gives the final state without reading the checkpoint back (a query per run);
-            # "updates" shows an interrupt, the only way a run stops short of END without raising
-            stream = graph.astream(run_input, config, stream_mode=["updates", "values"], durability="sync")
-            values: dict[str, Any] = {}
-            async with aclosing(stream):  # type: ignore[type-var]
-                async for mode, item in stream:
-                    chunk = cast(dict[str, Any], item)
-                    if mode == "values":
-                        values = dict(chunk)
-                    elif INTERRUPT_KEY in chunk:
-                        # our graphs have none; a run that stopped there must not be reported done
-                        raise RuntimeError(f"run {lease.thread_id} stopped before END: {chunk[INTERRUPT_KEY]!r}")
-                    if stop is not None and stop.is_set():
-                        return await _hand_off(lease, hand_off)
+        with fence_scope(lease.ensure_owned, lease.fence):
+            values = await _unless_stopped(_stream(graph, lease, run_input, config, stop), stop)
+        if values is None:
+            return await _hand_off(lease, hand_off)
         await lease.finish(RunStatus.DONE)
         return RunResult(RunOutcome.DONE, values)
+
+
+async def _stream(
+    graph: CompiledStateGraph[Any, Any, Any, Any],
+    lease: RunLease,
+    run_input: dict[str, Any] | None,
+    config: RunnableConfig,
+    stop: asyncio.Event | None,
+) -> dict[str, Any] | None:
+    """The run's final values, or ``None`` when ``stop`` was seen at a step boundary."""
+    # "values" gives the final state without reading the checkpoint back (a query per run);
+    # "updates" shows an interrupt, the only way a run stops short of END without raising
+    stream = graph.astream(run_input, config, stream_mode=["updates", "values"], durability="sync")
+    values: dict[str, Any] = {}
+    async with aclosing(stream):  # type: ignore[type-var]
+        async for mode, item in stream:
+            chunk = cast(dict[str, Any], item)
+            if mode == "values":
+                values = dict(chunk)
+            elif INTERRUPT_KEY in chunk:
+                # our graphs have none; a run that stopped there must not be reported done
+                raise RuntimeError(f"run {lease.thread_id} stopped before END: {chunk[INTERRUPT_KEY]!r}")
+            if stop is not None and stop.is_set():
+                return None
+    return values
+
+
+async def _unless_stopped(
+    work: Coroutine[Any, Any, dict[str, Any] | None], stop: asyncio.Event | None
+) -> dict[str, Any] | None:
+    """``await work``, but cancel it as soon as ``stop`` is set (``None`` then, unless it finished meanwhile)."""
+    if stop is None:
+        return await work
+    task = asyncio.create_task(work)
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            # let the step unwind (an idempotent node frees its claim on the way out), bounded like a handoff
+            await asyncio.wait({task}, timeout=2)
+        if task.done() and not task.cancelled():
+            return task.result()
+        return None
+    finally:
+        for pending in (task, waiter):
+            pending.cancel()
 
 
 async def _wait_for_the_stores(
@@ -198,7 +236,7 @@ async def _hand_off(lease: RunLease, hand_off: HandOff | None) -> RunResult:
     note(JournalKind.HANDED_OFF, owner=lease.owner, reason="shutdown")
     if hand_off is not None:
         await hand_off(lease.thread_id)
-    logger.info("run %s handed off for recovery at a step boundary", lease.thread_id)
+    logger.info("run %s handed off for recovery", lease.thread_id)
     return RunResult(RunOutcome.HANDED_OFF)
 
 

@@ -334,7 +334,7 @@ def test_sigterm_hands_the_run_over_without_waiting_for_the_lease(stack: Stack) 
     assert int(run_record(stack, booking_id)["fence"]) == 2, "handed over once, to the recovery worker"
 
 
-def test_sigterm_on_the_worker_hands_its_runs_back_at_a_step_boundary(stack: Stack) -> None:
+def test_sigterm_on_the_worker_hands_its_runs_back_at_once(stack: Stack) -> None:
     # with a lease this long, only a handoff (not an expiry) can get the run to the next worker within the test
     long_ttl = 600.0
     stack.services["recovery-worker"].kill()
@@ -353,7 +353,7 @@ def test_sigterm_on_the_worker_hands_its_runs_back_at_a_step_boundary(stack: Sta
     record = run_record(stack, booking_id)
     assert (record["status"], record["owner"]) == ("pending", ""), "lease released, not left to expire"
     assert booking_id in waiting_in_queue(stack), "re-enqueued at once for the next worker"
-    assert "handed off for recovery at a step boundary" in worker.log_text()
+    assert "handed off for recovery" in worker.log_text()
 
     stack.fault("payment-api")
     stack.serve("recovery-worker")

@@ -464,28 +464,24 @@ async def test_runs_are_recovered_three_at_a_time(harness: Harness) -> None:
         assert record is not None and record.status is RunStatus.DONE
 
 
-async def test_stop_hands_an_in_flight_run_back_at_the_next_step_boundary(harness: Harness) -> None:
-    harness.behaviour.gate["b"] = asyncio.Event()
+async def test_stop_cancels_the_step_in_progress_and_hands_the_run_back_at_once(harness: Harness) -> None:
+    harness.behaviour.gate["b"] = asyncio.Event()  # never set: b would wait forever
     harness.behaviour.started["b"] = asyncio.Event()
     await harness.orphan("order-10")
     consumer = harness.consumer()
     loop = asyncio.create_task(consumer.run())
     async with asyncio.timeout(10):
         await harness.behaviour.started["b"].wait()
-    stopping = asyncio.create_task(consumer.stop(grace=10))
-    await asyncio.sleep(0.1)
-    assert not stopping.done(), "stop waits for the step to end instead of killing it"
-    harness.behaviour.gate["b"].set()
-    async with asyncio.timeout(10):
-        await stopping
+    async with asyncio.timeout(5):  # b never ends on its own: only a cancelled step lets stop return
+        await consumer.stop(grace=30)
         await loop
 
-    assert harness.behaviour.runs["c"] == 0, "nothing after the step boundary"
+    assert harness.behaviour.runs["c"] == 0, "nothing after the cancelled step"
     record = await harness.runs.get("order-10")
     assert record is not None and record.status is RunStatus.PENDING and record.owner is None
     other = await harness.queue.take("worker-2")
     assert other is not None and other.thread_id == "order-10", "re-enqueued: another consumer can take it at once"
-    assert (await harness.state("order-10")).next == ("c",), "b's checkpoint is kept"
+    assert (await harness.state("order-10")).next == ("b",), "a's checkpoint is kept; b runs again on the next owner"
 
 
 async def test_stop_during_a_backoff_hands_the_run_back_at_once(harness: Harness) -> None:
@@ -495,8 +491,13 @@ async def test_stop_during_a_backoff_hands_the_run_back_at_once(harness: Harness
     loop = asyncio.create_task(consumer.run())
     for _ in range(200):
         record = await harness.runs.get("order-12")
-        if harness.behaviour.runs["b"] == 1 and record is not None and record.owner == "worker-1":
-            break  # attempt 1 failed and the consumer holds the run again for its 30 s backoff
+        if (
+            harness.behaviour.runs["b"] == 1
+            and record is not None
+            and record.owner == "worker-1"
+            and record.last_error == "RuntimeError: b is broken"
+        ):
+            break  # attempt 1 failed (recorded) and the consumer holds the run again for its 30 s backoff
         await asyncio.sleep(0.02)
     else:
         raise AssertionError("attempt 1 never failed")

@@ -147,6 +147,28 @@ async def test_a_dead_owners_claim_is_taken_over_once_its_lease_expires(redis: R
     assert await redis.hget(record_key(), "owner") != "dead"
 
 
+async def test_a_claim_left_under_a_lower_run_fence_is_taken_over_at_once(redis: Redis) -> None:
+    """The run was taken from the claim's owner (fenced out of its next side effect): no need to wait its lease."""
+
+    async def passes() -> None:
+        return None
+
+    await redis.hset(record_key(), mapping={"status": "claimed", "owner": "killed-owner", "fence": "1"})
+    await redis.pexpire(record_key(), 600_000)
+    body = Body()
+    node = make(redis, body)
+
+    # the same fence: the claimer could be us, alive; it is waited for
+    with fence_scope(passes, 1), pytest.raises(BudgetExhaustedError), budget_scope(0.3):
+        await node(STATE, CONFIG)
+    assert body.calls == 0
+    with fence_scope(passes, 2):
+        result = await asyncio.wait_for(node(STATE, CONFIG), 5)  # far below the 600 s lease left
+
+    assert body.calls == 1 and result["reservation_id"] == "r-1"
+    assert await redis.hget(record_key(), "status") == "done"
+
+
 async def test_lease_is_renewed_so_a_long_node_is_never_taken_over(redis: Redis, redis_url: str) -> None:
     first_body = Body("first", delay=1.2)
     second_body = Body("second")

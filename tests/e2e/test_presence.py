@@ -1,0 +1,265 @@
+"""Presence with real processes: a dead owner is noticed by its Redis connection, a live one is never robbed.
+
+The stack runs with leases of ten minutes (``RUN_LEASE_TTL`` and ``PRESENCE_LEASE_TTL``): a run taken over within
+the tests' timeouts can only have been taken because its owner's named connection went away. No wall-clock
+assertions: timeouts only bound the waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+from runs.leases import run_key
+from tests.conftest import start_redis_server
+from tests.procs import ServiceProcess, free_port
+from tests.stack import CORE, Stack, fresh_database, stay
+
+pytestmark = pytest.mark.e2e
+
+LONG_S = 600.0
+PRESENCE_ENV = {
+    "RUN_LEASE_TTL": str(LONG_S),
+    "PRESENCE_LEASE_TTL": str(LONG_S),
+    "PRESENCE_GRACE": "1.0",
+    "ORPHAN_SCAN_INTERVAL": "0.2",
+    "IDEMPOTENCY_LEASE_S": "1",
+    "BOOKING_BUDGET_S": "60",
+    "BOOKING_MAX_IN_FLIGHT": "80",
+    "CONCIERGE_LOG_LEVEL": "INFO",
+}
+TIMEOUT_S = 60.0
+START_S = 120.0
+"""Bounds a service's start: on a busy machine importing LangGraph alone can take half a minute."""
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def presence_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, database: str) -> Iterator[Stack]:
+    tmp: Path = tmp_path_factory.mktemp("presence")
+    with Stack(tmp, redis_url, database_url=database, env=PRESENCE_ENV) as stack:
+        for service in (*CORE, "recovery-worker"):
+            serve(stack, service)
+        yield stack
+
+
+@pytest.fixture
+def stack(presence_stack: Stack) -> Iterator[Stack]:
+    for service in (*CORE, "recovery-worker"):
+        if not presence_stack.services[service].alive:
+            serve(presence_stack, service)
+    yield presence_stack
+    for provider in ("hotel-api", "payment-api"):
+        presence_stack.fault(provider)
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def serve(stack: Stack, service: str, env: dict[str, str] | None = None) -> ServiceProcess:
+    """``stack.serve`` with a longer bound on the start (``START_S``)."""
+    proc = stack.procs.serve(service, port=stack.ports[service], env=env, timeout=START_S)
+    stack.services[service] = proc
+    return proc
+
+
+def sync_redis(stack: Stack) -> redis_sync.Redis:
+    return redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+
+
+def book(stack: Stack, days_ahead: int) -> str:
+    checkin, checkout = stay(days_ahead=days_ahead)
+    return str(stack.book(checkin=checkin, checkout=checkout)["booking_id"])
+
+
+def redis_status(stack: Stack, booking_id: str) -> str:
+    with sync_redis(stack) as client:
+        return str(client.hget(f"{stack.prefix}:booking:{booking_id}", "status"))
+
+
+def fence(stack: Stack, booking_id: str) -> int:
+    with sync_redis(stack) as client:
+        return int(client.hget(run_key(booking_id, prefix=stack.prefix), "fence") or 0)
+
+
+def wait_until(condition: object, what: str, timeout: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def wait_for_status(stack: Stack, booking_id: str, wanted: set[str]) -> None:
+    wait_until(lambda: redis_status(stack, booking_id) in wanted, f"{booking_id} to reach {wanted}")
+
+
+def presence_connections(stack: Stack, service: str) -> dict[str, int]:
+    """name → client id of the named (presence) connections of ``service``'s processes."""
+    with sync_redis(stack) as client:
+        return {
+            c["name"]: int(c["id"])
+            for c in client.client_list(_type="normal")
+            if c.get("name", "").startswith(f"{service}-")
+        }
+
+
+def assert_each_confirmed_exactly_once(stack: Stack, booking_ids: list[str]) -> None:
+    for booking_id in booking_ids:
+        wait_until(lambda b=booking_id: redis_status(stack, b) in {"confirmed", "failed"}, f"{booking_id} to end")
+        assert redis_status(stack, booking_id) == "confirmed", booking_id
+    ids = set(booking_ids)
+    reservations = [r for r in stack.ledger("hotel-api")["reservations"] if r["reference"] in ids]
+    charges = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] in ids]
+    confirmed = Counter(r["reference"] for r in reservations if r["status"] == "confirmed")
+    captured = Counter(c["reference"] for c in charges if c["status"] == "captured")
+    assert all(confirmed[b] == 1 for b in ids), confirmed
+    assert all(captured[b] == 1 for b in ids), captured
+    assert not [r for r in reservations if r["status"] == "held"], "a room is left on hold"
+
+
+# --------------------------------------------------------------------------------------------------- tests
+
+
+def test_kill_9_a_peer_takes_the_run_over_long_before_any_lease_could_expire(stack: Stack) -> None:
+    stack.fault("payment-api", latency_s=2.0)
+    booking_id = book(stack, 300)
+    wait_for_status(stack, booking_id, {"paying"})
+    stack.services["booking-agent"].kill()
+    # ten-minute leases: only the dead process's closed connection can explain a takeover within the timeout
+    wait_until(lambda: fence(stack, booking_id) >= 2, "a peer to take the run over")
+    stack.fault("payment-api")
+    assert_each_confirmed_exactly_once(stack, [booking_id])
+    assert fence(stack, booking_id) == 2
+    serve(stack, "booking-agent")
+
+
+def test_sigterm_cancels_the_step_and_hands_the_run_over(stack: Stack) -> None:
+    stack.fault("payment-api", latency_s=3.0)
+    booking_id = book(stack, 302)
+    wait_for_status(stack, booking_id, {"paying"})
+    agent = stack.services["booking-agent"]
+    os.kill(agent.pid, signal.SIGTERM)
+    # handed over while the 3 s charge call would still be running: the step was cancelled, not waited for
+    wait_until(lambda: fence(stack, booking_id) >= 2, "the handoff", timeout=TIMEOUT_S)
+    assert agent.terminate() in (0, -15)
+    assert "handed off for recovery" in agent.log_text()
+    stack.fault("payment-api")
+    assert_each_confirmed_exactly_once(stack, [booking_id])
+    serve(stack, "booking-agent")
+
+
+def test_client_kill_of_the_presence_connection_is_a_blip_the_owner_keeps_its_run(stack: Stack) -> None:
+    stack.fault("payment-api", latency_s=2.0)
+    booking_id = book(stack, 304)
+    wait_for_status(stack, booking_id, {"paying"})
+    (name, client_id), *_ = presence_connections(stack, "booking-agent").items()
+    with sync_redis(stack) as client:
+        assert client.execute_command("CLIENT", "KILL", "ID", client_id) == 1
+    wait_until(lambda: name in presence_connections(stack, "booking-agent"), "the presence to reconnect")
+    stack.fault("payment-api")
+    assert_each_confirmed_exactly_once(stack, [booking_id])
+    assert fence(stack, booking_id) == 1, "reconnected within the grace: nobody took the run"
+    assert stack.services["booking-agent"].alive
+
+
+def test_a_cpu_hog_beside_a_live_owner_takes_nothing_from_it(stack: Stack) -> None:
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        stack.fault("payment-api", latency_s=1.0)
+        booking_ids = [book(stack, 306 + 2 * n) for n in range(3)]
+        stack.fault("payment-api")
+        assert_each_confirmed_exactly_once(stack, booking_ids)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert [fence(stack, b) for b in booking_ids] == [1, 1, 1], "a slow owner is not a dead one"
+
+
+def test_sigstop_frozen_owner_is_taken_over_after_its_instance_lease_and_is_fenced_after_sigcont(
+    stack: Stack,
+) -> None:
+    stack.services["booking-agent"].kill()
+    agent = serve(stack, "booking-agent", env={"PRESENCE_LEASE_TTL": "2"})
+    stack.fault("payment-api", latency_s=1.5)
+    booking_id = book(stack, 320)
+    wait_for_status(stack, booking_id, {"paying"})
+    (name, _), *_ = presence_connections(stack, "booking-agent").items()
+    os.killpg(agent.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: fence(stack, booking_id) >= 2, "the frozen owner's instance lease to expire")
+        assert name in presence_connections(stack, "booking-agent"), "frozen, its socket stayed open"
+        wait_until(lambda: redis_status(stack, booking_id) == "confirmed", "the peer to finish it")
+    finally:
+        os.killpg(agent.pid, signal.SIGCONT)
+    # woken up mid-charge: its next side effect is refused by the fence
+    wait_until(lambda: "lease lost" in agent.log_text(), "the old owner to notice the takeover")
+    stack.fault("payment-api")
+    assert_each_confirmed_exactly_once(stack, [booking_id])
+    agent.kill()
+    serve(stack, "booking-agent")
+
+
+def test_fifty_runs_on_a_killed_replica_are_resumed_by_two_workers_each_exactly_once(stack: Stack) -> None:
+    second = stack.procs.serve("recovery-worker", port=free_port(), timeout=START_S)
+    try:
+        stack.fault("payment-api", latency_s=1.5)
+        booking_ids = [book(stack, 400 + n) for n in range(50)]
+        wait_until(
+            lambda: sum(redis_status(stack, b) == "paying" for b in booking_ids) >= 10, "bookings to reach payment"
+        )
+        stack.services["booking-agent"].kill()
+        stack.fault("payment-api")
+        assert_each_confirmed_exactly_once(stack, booking_ids)
+        fences = Counter(fence(stack, b) for b in booking_ids)
+        assert set(fences) <= {1, 2}, f"each run taken over at most once: {fences}"
+        assert fences[2] > 0
+    finally:
+        _stop(second)
+    serve(stack, "booking-agent")
+
+
+def _stop(proc: ServiceProcess) -> None:
+    if proc.alive:
+        proc.kill()
+
+
+# --------------------------------------------------------------------------------------------------- Redis restart
+
+
+def test_a_redis_restart_under_load_takes_no_run_from_its_live_owner(tmp_path: Path) -> None:
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    server, url = start_redis_server(appendonly=True, workdir=str(workdir))
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        with fresh_database() as database, Stack(tmp_path, url, database_url=database, env=PRESENCE_ENV) as stack:
+            for service in (*CORE, "recovery-worker"):
+                serve(stack, service)
+            stack.fault("payment-api", latency_s=1.0)
+            booking_ids = [book(stack, 500 + n) for n in range(8)]
+            wait_until(lambda: all(redis_status(stack, b) != "pending" for b in booking_ids), "bookings to start")
+            server.kill()
+            server.wait(timeout=10)
+            time.sleep(0.5)
+            server, _ = start_redis_server(port, appendonly=True, workdir=str(workdir))
+            stack.fault("payment-api")
+            assert_each_confirmed_exactly_once(stack, booking_ids)
+            assert [fence(stack, b) for b in booking_ids] == [1] * 8, "every connection dropped; no owner died"
+    finally:
+        server.kill()
+        server.wait(timeout=10)
