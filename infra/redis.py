@@ -291,6 +291,24 @@ async def _node_of(client: RedisClient, keys: Sequence[str]) -> ClusterNode | No
     return client.get_node_from_key(keys[0])
 
 
+async def clients_and_server(client: RedisClient, near_key: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``CLIENT LIST`` (normal clients) and ``INFO server`` of the server that holds ``near_key``, in one round trip.
+
+    On a Cluster that is the node owning the key's slot: where the connections that write such keys are (redis-py
+    refuses these commands in a cluster pipeline, and would otherwise send them to a random node).
+    """
+    node = await _node_of(client, [near_key])
+    if node is not None:
+        clients = await client.execute_command("CLIENT LIST", "TYPE", "normal", target_nodes=node)
+        server = await client.execute_command("INFO", "server", target_nodes=node)
+        return list(clients), dict(server)
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.client_list(_type="normal")
+        pipe.info("server")
+        listed, info = await pipe.execute()
+    return list(listed), dict(info)
+
+
 class ReplicaCounts:
     """How many replicas a client's master (or a cluster node) has, from ``ROLE``, kept ``REFRESH_S`` seconds.
 

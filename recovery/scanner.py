@@ -27,6 +27,7 @@ from infra.redis import RedisScript, text
 from infra.settings import get_settings
 from recovery.errors import redis_errors
 from recovery.queue import EnqueueOutcome, QueueGuard
+from runs.errors import RunStoreError
 from runs.leases import RunStore
 from runs.presence import PresenceMonitor
 
@@ -85,7 +86,11 @@ class OrphanScanner:
         """Enqueue every current orphan; returns the ids this call newly put in the queue."""
         enqueued: list[str] = []
         if self.presence is not None:
-            await self.presence.sweep()  # ends the holds of dead processes: their runs are expired leases now
+            try:
+                await self.presence.sweep()  # ends the holds of dead processes: their runs are expired leases now
+            except RunStoreError as exc:
+                # the lease TTL is the fallback: a failed sweep must not stop the expiry scan below
+                logger.warning("presence sweep failed (%s); scanning expired leases only", exc)
         for _ in range(_MAX_PAGES):
             with redis_errors("reading expired leases"):
                 expired = await _EXPIRED(self._redis, keys=[self.store.index_key], args=[self.batch_size])

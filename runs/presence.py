@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from infra.redis import RedisScript, create_redis, key, text
+from infra.redis import RedisScript, clients_and_server, create_redis, key, text
 from infra.settings import get_settings
 from runs.errors import redis_errors
 from runs.leases import (
@@ -279,10 +279,7 @@ class PresenceMonitor:
         script per ``_EXPIRE_BATCH`` of its runs."""
         try:
             with redis_errors("reading the connected clients"):
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.client_list(_type="normal")
-                    pipe.info("server")
-                    clients, server = await pipe.execute()
+                clients, server = await clients_and_server(self._redis, self._keys[0])
         except BaseException:
             self._failed = True
             raise
