@@ -164,7 +164,7 @@ class Bench:
             watched = sorted(pending)
             for booking_id in watched:
                 pipe.hget(run_key(booking_id, prefix=self.stack.prefix), "fence")
-                pipe.hget(f"{self.stack.prefix}:booking:{booking_id}", "status")
+                pipe.hget(booking_key(booking_id, prefix=self.stack.prefix), "status")
             replies = pipe.execute()
             now = time.monotonic() - signalled
             for n, booking_id in enumerate(watched):

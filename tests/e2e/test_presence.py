@@ -15,10 +15,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import redis as redis_sync
 
+from infra.booking_keys import booking_key
+from infra.redis import create_sync_redis
 from runs.leases import run_key
 from tests.conftest import start_redis_server
 from tests.procs import ServiceProcess, free_port
@@ -77,8 +79,8 @@ def serve(stack: Stack, service: str, env: dict[str, str] | None = None) -> Serv
     return proc
 
 
-def sync_redis(stack: Stack) -> redis_sync.Redis:
-    return redis_sync.Redis.from_url(stack.env["REDIS_URL"], decode_responses=True)
+def sync_redis(stack: Stack) -> Any:
+    return create_sync_redis(stack.env["REDIS_URL"])
 
 
 def book(stack: Stack, days_ahead: int) -> str:
@@ -88,7 +90,7 @@ def book(stack: Stack, days_ahead: int) -> str:
 
 def redis_status(stack: Stack, booking_id: str) -> str:
     with sync_redis(stack) as client:
-        return str(client.hget(f"{stack.prefix}:booking:{booking_id}", "status"))
+        return str(client.hget(booking_key(booking_id, prefix=stack.prefix), "status"))
 
 
 def fence(stack: Stack, booking_id: str) -> int:
