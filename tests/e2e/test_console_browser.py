@@ -27,7 +27,7 @@ from stack.services import SERVICES
 from stack.state import StackPaths, pid_alive, read_state
 from tests.procs import free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -24,7 +24,7 @@ import pytest
 
 from tests.stack import Stack, fresh_database
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CAP = 40
 BURST = 300

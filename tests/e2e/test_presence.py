@@ -178,6 +178,7 @@ def test_client_kill_of_the_presence_connection_is_a_blip_the_owner_keeps_its_ru
     assert stack.services["booking-agent"].alive
 
 
+@pytest.mark.slow
 def test_a_cpu_hog_beside_a_live_owner_takes_nothing_from_it(stack: Stack) -> None:
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
     try:
@@ -216,6 +217,7 @@ def test_sigstop_frozen_owner_is_taken_over_after_its_instance_lease_and_is_fenc
     serve(stack, "booking-agent")
 
 
+@pytest.mark.slow
 def test_fifty_runs_on_a_killed_replica_are_resumed_by_two_workers_each_exactly_once(stack: Stack) -> None:
     second = stack.procs.serve("recovery-worker", port=free_port(), timeout=START_S)
     try:
@@ -243,6 +245,7 @@ def _stop(proc: ServiceProcess) -> None:
 # --------------------------------------------------------------------------------------------------- Redis restart
 
 
+@pytest.mark.slow
 def test_a_redis_restart_under_load_takes_no_run_from_its_live_owner(tmp_path: Path) -> None:
     workdir = tmp_path / "redis"
     workdir.mkdir()

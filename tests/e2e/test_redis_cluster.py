@@ -27,7 +27,7 @@ from tests.procs import concierge_command
 from tests.redis_topologies import ClusterTopology
 from tests.stack import CORE, Stack, fresh_database, stay
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 READY_TIMEOUT_S = 180.0
 """Starting a service on this shared machine has taken more than the harness's 30 s."""

@@ -25,7 +25,7 @@ from tests.conftest import free_port, start_redis_server
 from tests.procs import concierge_command
 from tests.stack import CORE, Stack, fresh_database, stay
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BOOKINGS = 15
 OUTAGE_S = 3.0
