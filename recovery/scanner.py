@@ -85,9 +85,11 @@ class OrphanScanner:
     async def scan_once(self) -> list[str]:
         """Enqueue every current orphan; returns the ids this call newly put in the queue."""
         enqueued: list[str] = []
+        gone: set[str] = set()
         if self.presence is not None:
             try:
-                await self.presence.sweep()  # ends the holds of dead processes: their runs are expired leases now
+                # ends the holds of dead processes: their runs are expired leases now
+                gone = set((await self.presence.sweep()).dead)
             except RunStoreError as exc:
                 # the lease TTL is the fallback: a failed sweep must not stop the expiry scan below
                 logger.warning("presence sweep failed (%s); scanning expired leases only", exc)
@@ -100,15 +102,16 @@ class OrphanScanner:
             for result in await self.guard.enqueue_orphans(candidates):
                 if result.outcome is EnqueueOutcome.QUEUED:
                     enqueued.append(result.thread_id)
-                    await self._journal(result.thread_id, result.depth)
+                    await self._journal(result.thread_id, result.depth, gone)
             if len(candidates) < self.batch_size:
                 break
         if enqueued:
             logger.info("orphan scan queued %d run(s) for recovery: %s", len(enqueued), ", ".join(enqueued))
         return enqueued
 
-    async def _journal(self, thread_id: str, depth: int) -> None:
-        """``owner_lost`` (whose lease, expired how long ago, noticed by us) and ``queued_for_recovery``."""
+    async def _journal(self, thread_id: str, depth: int, gone: set[str]) -> None:
+        """``owner_lost`` (whose, why: its presence gone in this pass or its lease expired, noticed by us) and
+        ``queued_for_recovery``."""
         journal = writer()
         if journal is None:
             return
@@ -118,7 +121,9 @@ class OrphanScanner:
             logger.debug("run %s: could not read its record for the journal", thread_id, exc_info=True)
             record = None
         fields: dict[str, object] = {"noticed_by": journal.instance, "reason": "lease expired"}
-        if record is not None:
+        if record is not None and record.owner in gone:
+            fields.update(owner=record.owner, fence=record.fence, reason="presence gone")
+        elif record is not None:
             fields.update(owner=record.owner, fence=record.fence, lease_ttl_s=get_settings().run_lease_ttl_s)
             if record.lease_expires_at is not None:
                 fields["expired_s_ago"] = round(max(0.0, time.time() - record.lease_expires_at), 2)

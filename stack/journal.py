@@ -86,6 +86,8 @@ def describe(entry: Mapping[str, Any]) -> str:
         case JournalKind.CIRCUIT_REJECTED:
             return f"{get('dependency')}: circuit {get('state')}, call refused"
         case JournalKind.OWNER_LOST:
+            if get("reason") == "presence gone":  # its Redis connection closed, or its instance lease ran out
+                return f"{get('owner')} lost (presence gone), noticed by {get('noticed_by')}"
             ttl = f" {get('lease_ttl_s')} s" if get("lease_ttl_s") is not None else ""
             return f"{get('owner')} lost (lease expired{ttl}), noticed by {get('noticed_by')}"
         case JournalKind.QUEUED_FOR_RECOVERY:

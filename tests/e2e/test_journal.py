@@ -170,6 +170,7 @@ def test_journal_after_kill_9_of_the_owner_shows_the_loss_the_resume_and_no_seco
     assert entries[-1]["kind"] == "confirmed"
     lost = [e for e in entries if e["kind"] == "owner_lost"]
     assert lost and lost[0]["owner"] == owner and lost[0]["noticed_by"] != owner, lost
+    assert lost[0]["reason"] == "presence gone", lost
     assert [e["kind"] for e in entries].count("queued_for_recovery") >= 1
     resumed = [e for e in entries if e["kind"] == "resumed"]
     assert resumed and resumed[0]["at_step"] == "charge" and resumed[0]["fence"] >= 2, resumed
@@ -373,7 +374,8 @@ def test_concierge_book_tells_the_recovery_story_and_show_and_bookings_print_it(
     assert output.strip().splitlines()[-1].startswith("confirmed:"), output
     for status in ("pending", "searching", "reserving", "paying", "confirming", "confirmed"):
         assert f"s  {status}\n" in output, (status, output)
-    assert "lost (lease expired" in output and "resumed at charge (fence 2)" in output, output
+    # presence (on by default) notices the closed connection before the lease could expire
+    assert "lost (presence gone)" in output and "resumed at charge (fence 2)" in output, output
     assert "replayed" in output or "answered from its stored result" in output, output
 
     shown = concierge(stack, "show", booking_id)
