@@ -19,6 +19,7 @@ from graph.search import build_search_graph
 from infra.a2a.server import Skill, mount_a2a
 from infra.a2a.wire import A2A_PATH
 from infra.clients.providers import HotelApiClient
+from infra.clients.wire import Offer
 from infra.error_table import skill_failure_from
 from infra.service import create_service_app
 from infra.service.openapi import answers, document_service_token, error, retry_after
@@ -72,16 +73,6 @@ mount_a2a(
     bulkhead="search_agent",
 )
 document_service_token(app, A2A_PATH)
-
-
-class Offer(BaseModel):
-    hotel_id: str
-    name: str
-    city: str
-    stars: int
-    price_per_night: float
-    currency: str
-    available_rooms: int
 
 
 class Offers(BaseModel):

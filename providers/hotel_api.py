@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 from domain.booking import nights_between
-from infra.clients.wire import provider_error
+from infra.clients.wire import Offers, provider_error
 from infra.service import get_redis
 from infra.service.openapi import answers
 from infra.service.openapi import provider_error as provider_answer
@@ -165,20 +165,6 @@ def _not_found(reservation_id: str) -> str:
 
 
 # ----------------------------------------------------------------------- OpenAPI documentation (changes nothing)
-
-
-class Offer(BaseModel):
-    hotel_id: str
-    name: str
-    city: str
-    stars: int
-    price_per_night: float
-    currency: str
-    available_rooms: int
-
-
-class Offers(BaseModel):
-    offers: list[Offer]
 
 
 class Reservation(BaseModel):

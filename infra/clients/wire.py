@@ -1,4 +1,4 @@
-"""The wire contract between our clients and the providers: header names and the error body.
+"""The wire contract between our clients and the providers: header names, the error body, hotel-api's offers.
 
 The only thing agents and the simulated providers share; both sides import it from here, so the simulators are
 never imported by an agent. Provider errors are flat, as a third-party API would answer:
@@ -10,10 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel
+
 __all__ = [
     "IDEMPOTENCY_HEADER",
     "MAX_IDEMPOTENCY_KEY_LENGTH",
     "REPLAYED_HEADER",
+    "Offer",
+    "Offers",
     "error_fields",
     "provider_error",
 ]
@@ -43,3 +47,19 @@ def error_fields(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
         code, message = error.get("code"), error.get("message")
         return (code if isinstance(code, str) else None), (message if isinstance(message, str) else None)
     return None, None
+
+
+class Offer(BaseModel):
+    """One hotel with rooms for the party: what hotel-api's ``GET /hotels`` lists and search-agent passes on."""
+
+    hotel_id: str
+    name: str
+    city: str
+    stars: int
+    price_per_night: float
+    currency: str
+    available_rooms: int
+
+
+class Offers(BaseModel):
+    offers: list[Offer]
