@@ -36,7 +36,16 @@ from resilience.errors import (
     ResilienceError,
 )
 
-__all__ = ["RETRY_AFTER_S", "TABLE", "ErrorAnswer", "answer_for", "answer_response", "error_body", "skill_failure_from"]
+__all__ = [
+    "RETRY_AFTER_S",
+    "TABLE",
+    "ErrorAnswer",
+    "answer_for",
+    "answer_response",
+    "error_body",
+    "is_outage",
+    "skill_failure_from",
+]
 
 
 RETRY_AFTER_S: Final = 1.0
@@ -143,6 +152,33 @@ def answer_for(exc: BaseException) -> ErrorAnswer:
                 return ErrorAnswer(underneath.code, underneath.status, underneath.retryable, answer.message)
             cause = cause.__cause__
     return answer
+
+
+_PEER_OUTAGE_CODES: Final = frozenset(
+    {
+        ErrorCode.PROVIDER_UNAVAILABLE,
+        ErrorCode.DEPENDENCY_UNAVAILABLE,
+        ErrorCode.UNAVAILABLE,
+        ErrorCode.BULKHEAD_FULL,
+        ErrorCode.OVERLOADED,
+    }
+)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says something the work needs is down, rather than the work failing: worth waiting out.
+
+    That is every retryable answer but ``internal`` and, besides, a peer's skill error with an unavailability code:
+    a peer answers its own dependency's outage as a business error (``skill_failure_from``) so that the caller's
+    retry layer does not multiply the load, yet for whoever decides whether a run is hopeless it is still an
+    outage. A peer's ``timeout`` is not: it is the caller's own budget running out.
+    """
+    answer = answer_for(exc)
+    if answer.code == ErrorCode.INTERNAL:
+        return False
+    if answer.retryable:
+        return True
+    return isinstance(exc, A2ASkillError) and answer.code in _PEER_OUTAGE_CODES
 
 
 def error_body(code: str, message: str | None = None, **extra: Any) -> dict[str, Any]:

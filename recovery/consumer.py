@@ -65,8 +65,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
-from domain.booking import ErrorCode, JournalKind
-from infra.error_table import answer_for
+from domain.booking import JournalKind
+from infra.error_table import is_outage
 from infra.journal import writer
 from infra.metrics import observe_recovery
 from infra.settings import Settings, get_settings
@@ -168,8 +168,8 @@ class ConsumerConfig:
 class _Outage:
     """Whether a failed attempt met an outage rather than a failing run, and how long to wait before the next one.
 
-    An outage is any failure the error table calls retryable but not ``internal``: Redis or Postgres unreachable, a
-    provider or peer down, an open circuit, a full bulkhead, a timeout. Such attempts back off (``outage_backoff``)
+    An outage is what ``infra.error_table.is_outage`` says it is: Redis or Postgres unreachable, a provider or peer
+    down (also when a peer reports its own provider down), an open circuit, a full bulkhead, a timeout. Such attempts back off (``outage_backoff``)
     and do not count toward ``max_attempts`` until the outage has lasted ``outage_horizon_s``; what reaches the DLQ
     is a run that keeps failing while its dependencies answer.
     """
@@ -181,8 +181,7 @@ class _Outage:
         self._waits = 0
 
     def goes_on(self, error: BaseException | None) -> bool:
-        answer = answer_for(error) if error is not None else None
-        if answer is None or not answer.retryable or answer.code == ErrorCode.INTERNAL:
+        if error is None or not is_outage(error):
             self._since, self._waits = None, 0
             return False
         if self._since is None:

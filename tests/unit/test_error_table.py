@@ -35,7 +35,7 @@ from infra.clients import (
     ProviderNotFoundError,
     ProviderUnavailableError,
 )
-from infra.error_table import TABLE, answer_for, skill_failure_from
+from infra.error_table import TABLE, answer_for, is_outage, skill_failure_from
 from resilience import (
     BudgetExhaustedError,
     BulkheadFullError,
@@ -156,6 +156,27 @@ def test_a_skill_answers_dependency_trouble_as_a_business_error_and_lets_bugs_th
     assert isinstance(failure, SkillFailure) and failure.code == "provider_unavailable"
     bug = RuntimeError("bug")
     assert skill_failure_from(bug) is bug
+
+
+@pytest.mark.parametrize(
+    ("exc", "outage"),
+    [
+        (RedisConnectionError("down"), True),
+        (CircuitOpenError("payment_api", 30.0), True),
+        # a peer reporting its own provider or store down: an outage for whoever judges the run
+        (A2ASkillError("provider_unavailable", "payment_api is unavailable"), True),
+        (A2ASkillError("dependency_unavailable", "redis is unreachable"), True),
+        (A2ASkillError("bulkhead_full", "at capacity"), True),
+        # a peer's business answer, its budget running out, and our own bugs are not
+        (A2ASkillError("payment_declined", "declined"), False),
+        (A2ASkillError("timeout", "budget spent"), False),
+        (A2ASkillError("forbidden", "a confirmed booking"), False),
+        (SkillFailure("provider_unavailable", "our own skill's answer, not a peer's"), False),
+        (RuntimeError("bug"), False),
+    ],
+)
+def test_an_outage_is_something_needed_being_down_whoever_reports_it(exc: Exception, outage: bool) -> None:
+    assert is_outage(exc) is outage
 
 
 # Code that turns an exception into an error code on its own: ``isinstance(exc, X)`` or ``except X`` next to a
