@@ -83,16 +83,17 @@ return 1
 # also appends the journal's final entry (in the same step, so exactly one, whichever process gets there first) and
 # answers with the whole record, which the long-polls waiting here return without reading it again. A final
 # ``failed`` of a booking whose cancel was requested is written ``cancelled`` (its journal entry too): the cancel
-# asked for exactly that end.
-# KEYS: booking, inflight, journal | ARGV: final ('1'/'0'), final entry, journal max len, ttl_s, fields...
+# asked for exactly that end. The writing process's entries of this booking not sent yet come along and go first.
+# KEYS: booking, inflight, journal | ARGV: final ('1'/'0'), final entry, journal max len, ttl_s, n, n entries, fields...
 _UPDATE = RedisScript("""
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-1} end
 if status == 'confirmed' or status == 'failed' or status == 'cancelled' then return {0, status} end
+local first = 6 + tonumber(ARGV[5])
 if ARGV[1] == '1' then
   local fields = {}
   local cancelled = redis.call('HEXISTS', KEYS[1], 'cancel_requested_at') == 1
-  for i = 5, #ARGV, 2 do
+  for i = first, #ARGV, 2 do
     local value = ARGV[i + 1]
     if cancelled and ARGV[i] == 'status' and value == 'failed' then
       value = 'cancelled'
@@ -105,11 +106,14 @@ if ARGV[1] == '1' then
   end
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZREM', KEYS[2], KEYS[1])
+  for i = 6, first - 1 do
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i])
+  end
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
   redis.call('EXPIRE', KEYS[3], ARGV[4])
   return {1, redis.call('HGETALL', KEYS[1])}
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('HSET', KEYS[1], unpack(ARGV, first))
 return {1}
 """)
 
@@ -155,6 +159,12 @@ class CancelOutcome(StrEnum):
     TOO_LATE = "too_late"
     """Final (``confirmed``, ``failed``) or committed (its confirm was sent): nothing changed."""
     UNKNOWN = "unknown"
+
+
+def _update_args(final: str, entry: str, before: list[str], fields: dict[str, Any]) -> list[Any]:
+    """``_UPDATE``'s ARGV: the final flag and entry, the journal's bounds, the entries that go first, the fields."""
+    settings = get_settings()
+    return [final, entry, settings.journal_max_len, settings.journal_ttl_s, len(before), *before, *_flatten(fields)]
 
 
 class BookingStore:
@@ -225,18 +235,22 @@ class BookingStore:
         status = fields.get("status")
         final = "1" if status in FINAL_BOOKING_STATUSES else "0"
         entry = ""
+        before: list[str] = []
         if final == "1":
-            await journal.flush()  # this process's entries first: the final entry is the journal's last
+            before = await journal.take(booking_id)  # this process's entries first: the final entry is the last
             entry = encode_entry(str(status), instance_id(), _final_fields(fields), at=now)
-        settings = get_settings()
-        reply = await _UPDATE(
-            self._redis,
-            keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
-            args=[final, entry, settings.journal_max_len, settings.journal_ttl_s, *_flatten(fields)],
-            # a final status is durable: the checkpoint after ``finish`` says the run needs nothing more, so a
-            # failover that forgot this write would leave the booking unfinished for good
-            durable=final == "1",
-        )
+        try:
+            reply = await _UPDATE(
+                self._redis,
+                keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+                args=_update_args(final, entry, before, fields),
+                # a final status is durable: the checkpoint after ``finish`` says the run needs nothing more, so a
+                # failover that forgot this write would leave the booking unfinished for good
+                durable=final == "1",
+            )
+        except BaseException:
+            journal.give_back(booking_id, before)
+            raise
         updated = int(reply[0]) == 1
         if final == "1" and updated:
             record = [text(value) for value in reply[1]]
@@ -259,15 +273,18 @@ class BookingStore:
             raise ValueError(f"not a final status: {status!r}")
         fields["status"] = status
         now = fields["updated_at"] = time.time()
-        await journal.flush()  # this process's entries first: the final entry is the journal's last
+        before = await journal.take(booking_id)  # this process's entries first: the final entry is the last
         entry = encode_entry(str(status), instance_id(), _final_fields(fields), at=now)
-        settings = get_settings()
-        reply = await _UPDATE(
-            self._redis,
-            keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
-            args=["1", entry, settings.journal_max_len, settings.journal_ttl_s, *_flatten(fields)],
-            durable=True,  # see ``update``
-        )
+        try:
+            reply = await _UPDATE(
+                self._redis,
+                keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+                args=_update_args("1", entry, before, fields),
+                durable=True,  # see ``update``
+            )
+        except BaseException:
+            journal.give_back(booking_id, before)
+            raise
         outcome = int(reply[0])
         if outcome == -1:
             return None, False

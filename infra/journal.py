@@ -8,8 +8,9 @@ Writing is cheap on purpose: ``note`` / ``JournalWriter.record`` only queue the 
 process sends everything queued within a few milliseconds in one script call (so a burst of entries rides on one
 round trip, in order). The
 ``accepted`` entry and the final one (``confirmed``/``failed``/``cancelled``) are written by the booking record's
-own scripts (``infra.bookings``), atomically with the status they report; the append script refuses anything after
-a final status, so a journal always ends with its final entry. Deep code (clients, resilience hooks, graph nodes)
+own scripts (``infra.bookings``), atomically with the status they report; the final one also carries the process's
+entries of that booking not sent yet (``take``), and the append script refuses anything after a final status, so a
+journal always ends with its final entry. Deep code (clients, resilience hooks, graph nodes)
 writes through ``note`` into the booking of the current ``journal_scope``: outside one it does nothing.
 
 Secrets never go in: callers pass ids, names and outcomes only; ``record`` drops any field named like a credential.
@@ -42,6 +43,7 @@ __all__ = [
     "current_scope",
     "encode_entry",
     "flush",
+    "give_back",
     "install_writer",
     "instance_id",
     "is_final",
@@ -53,6 +55,7 @@ __all__ = [
     "parse_entries",
     "read_journal",
     "resilience_hook",
+    "take",
     "writer",
 ]
 
@@ -115,6 +118,10 @@ class JournalWriter:
         self._pending: list[tuple[str, str]] = []
         self._drain: asyncio.Task[None] | None = None
         self._now = asyncio.Event()
+        self._sending: frozenset[str] = frozenset()
+        """The bookings of the batch on its way to Redis right now."""
+        self._sent = asyncio.Event()
+        """Set each time a batch is done (written or failed)."""
 
     def record(self, booking_id: str, kind: JournalKind | str, **fields: Any) -> None:
         """Queue one entry for ``booking_id``; it is written within milliseconds, in order, without waiting."""
@@ -132,6 +139,28 @@ class JournalWriter:
             self._now.set()  # no batching window: someone waits
             await asyncio.wait({self._drain})
 
+    async def take(self, booking_id: str) -> list[str]:
+        """Hand over ``booking_id``'s entries not sent yet, for a script that writes them itself (in order).
+
+        The final status does this: its script appends them before the final entry, so the last entries of a
+        booking ride on the round trip the final status makes anyway instead of a flush of their own. Only a batch
+        already on its way with entries of this booking is waited for (it must land first).
+        """
+        while booking_id in self._sending:
+            self._sent.clear()
+            await self._sent.wait()
+        mine = [entry for booking, entry in self._pending if booking == booking_id]
+        if mine:
+            self._pending = [(booking, entry) for booking, entry in self._pending if booking != booking_id]
+        return mine
+
+    def give_back(self, booking_id: str, entries: list[str]) -> None:
+        """Queue again, first, entries ``take`` handed over whose script then failed: they are not lost with it."""
+        if entries:
+            self._pending[:0] = [(booking_id, entry) for entry in entries]
+            if self._drain is None or self._drain.done():
+                self._drain = asyncio.get_running_loop().create_task(self._write_all(), name="journal-writer")
+
     async def _write_all(self) -> None:
         while self._pending:
             # a step's entries come in bursts (a step ends, the next starts, a call ends): one write for the burst
@@ -141,14 +170,20 @@ class JournalWriter:
                         await self._now.wait()
             self._now.clear()
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            if not batch:  # taken meanwhile by a final status (``take``)
+                break
             keys: list[str] = []
             for booking_id, _ in batch:
                 keys.extend((journal_key(booking_id), booking_key(booking_id)))
+            self._sending = frozenset(booking_id for booking_id, _ in batch)
             try:
                 await _APPEND(self.redis, keys=keys, args=[self.max_len, self.ttl_s, *(e for _, e in batch)])
             except Exception:
                 # the journal tells the story; it must never stop the story: the booking's own writes fail loudly
                 logger.warning("journal: could not write %d entries", len(batch), exc_info=True)
+            finally:
+                self._sending = frozenset()
+                self._sent.set()
         self._now.clear()
 
 
@@ -222,9 +257,20 @@ def note(kind: JournalKind | str, **fields: Any) -> None:
 
 
 async def flush() -> None:
-    """Wait for this process's queued entries (before writing a final status, so nothing lands after it)."""
+    """Wait for this process's queued entries (before a process answers or stops, so they land first)."""
     if _writer is not None:
         await _writer.flush()
+
+
+async def take(booking_id: str) -> list[str]:
+    """This process's unsent entries of ``booking_id``, for the final status's script to append before its own."""
+    return await _writer.take(booking_id) if _writer is not None else []
+
+
+def give_back(booking_id: str, entries: list[str]) -> None:
+    """Queue again what ``take`` gave when the script that was to write it failed."""
+    if _writer is not None:
+        _writer.give_back(booking_id, entries)
 
 
 def resilience_hook(event: ResilienceEvent) -> None:

@@ -7,9 +7,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from domain.booking import JournalKind
-from infra import journal
+from infra import bookings, journal
 from infra.bookings import BookingStore
 from infra.journal import JournalWriter, install_writer, journal_key, journal_scope, note, read_journal
 
@@ -99,3 +100,80 @@ async def test_flush_with_no_writer_installed_returns(redis: Any) -> None:
         await asyncio.wait_for(journal.flush(), 1)
     finally:
         install_writer(previous)
+
+
+class _CountingScript:
+    """Wraps the writer's append script to count its round trips."""
+
+    def __init__(self, script: Any) -> None:
+        self.script = script
+        self.calls = 0
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return await self.script(*args, **kwargs)
+
+
+async def test_the_last_entries_ride_on_the_final_status_script_not_a_flush_of_their_own(
+    redis: Any, writer: JournalWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    appends = _CountingScript(journal._APPEND)
+    monkeypatch.setattr(journal, "_APPEND", appends)
+    store = BookingStore(redis)
+    assert await store.create("b-fold", REQUEST)
+    await store.create("b-other", REQUEST)
+    with journal_scope("b-fold", fence=1):
+        note(JournalKind.STEP_FINISHED, step="confirm", attempt=1)
+        note(JournalKind.STEP_STARTED, step="finish", attempt=1)
+    writer.record("b-other", JournalKind.CALL, dependency="hotel_api")  # another booking's: not taken
+    assert await store.finalize("b-fold", "confirmed", reservation_id="r1") == ("confirmed", True)
+
+    kinds = [e["kind"] for e in await read_journal(redis, "b-fold")]
+    assert kinds == ["accepted", "step_finished", "step_started", "confirmed"]
+    assert appends.calls == 0, "the booking's last entries went with the final status"
+    await writer.flush()
+    assert appends.calls == 1 and [e["kind"] for e in await read_journal(redis, "b-other")] == ["accepted", "call"]
+
+
+async def test_a_batch_already_on_its_way_lands_before_the_final_entry(
+    redis: Any, writer: JournalWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    landing = asyncio.Event()
+    real = journal._APPEND
+
+    async def slow_append(*args: Any, **kwargs: Any) -> Any:
+        await landing.wait()  # the batch is on the wire while the final status comes
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(journal, "_APPEND", slow_append)
+    store = BookingStore(redis)
+    assert await store.create("b-race", REQUEST)
+    writer.record("b-race", JournalKind.STEP_STARTED, step="finish")
+    flushing = asyncio.create_task(writer.flush())
+    await asyncio.sleep(0.05)  # the batch was taken off the queue and is being sent
+    final = asyncio.create_task(store.finalize("b-race", "failed", error={"code": "timeout", "message": "late"}))
+    await asyncio.sleep(0.05)
+    assert not final.done(), "the final status waits for the batch that carries this booking's entries"
+    landing.set()
+    await asyncio.wait_for(asyncio.gather(flushing, final), 5)
+    assert [e["kind"] for e in await read_journal(redis, "b-race")] == ["accepted", "step_started", "failed"]
+
+
+async def test_entries_taken_by_a_final_status_that_failed_are_queued_again(
+    redis: Any, writer: JournalWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BookingStore(redis)
+    assert await store.create("b-back", REQUEST)
+    writer.record("b-back", JournalKind.STEP_STARTED, step="finish")
+
+    async def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise RedisConnectionError("Redis went away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(bookings, "_UPDATE", unreachable)
+        with pytest.raises(RedisConnectionError):
+            await store.finalize("b-back", "confirmed")
+    await writer.flush()
+    assert [e["kind"] for e in await read_journal(redis, "b-back")] == ["accepted", "step_started"]
+    assert await store.finalize("b-back", "confirmed") == ("confirmed", True)
+    assert [e["kind"] for e in await read_journal(redis, "b-back")] == ["accepted", "step_started", "confirmed"]
