@@ -26,14 +26,6 @@ from tests.procs import concierge_command
 from tests.stack import CORE, Stack, fresh_database, stay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-# Known to fail now and then since this round's merges: during the outage payment-agent's breaker on payment-api
-# opens, and its answer reaches booking-agent and the recovery worker as a peer's skill error (`provider_unavailable`,
-# not retryable in the error table), so three quick recovery attempts and the refund fail on it and the run is
-# dead-lettered unfinished. Kept running (non-strict xfail) until a peer's provider_unavailable waits like an outage.
-PEER_OUTAGE_NOT_WAITED_OUT = pytest.mark.xfail(
-    reason="a peer's provider_unavailable skill error is not waited out like an outage", strict=False
-)
-
 BOOKINGS = 15
 OUTAGE_S = 3.0
 OUTAGE_ENV = {
@@ -106,7 +98,6 @@ def _ledger_agrees(stack: Stack, booking: dict[str, Any]) -> list[str]:
     return [f"{booking_id}: {p}" for p in problems]
 
 
-@PEER_OUTAGE_NOT_WAITED_OUT
 def test_a_redis_outage_with_payments_in_flight_ends_every_accepted_booking_truly(
     stack: Stack, own_redis: OwnRedis
 ) -> None:
@@ -187,7 +178,6 @@ def verify(stack: Stack, own_redis: OwnRedis) -> subprocess.CompletedProcess[str
     )
 
 
-@PEER_OUTAGE_NOT_WAITED_OUT
 def test_postgres_connections_dropped_under_load_cost_time_not_bookings(stack: Stack, own_redis: OwnRedis) -> None:
     """``pg_terminate_backend`` on every checkpointer connection, twice, while 20 bookings run (it once left one
     ``pending`` in the DLQ and failed two)."""
