@@ -51,7 +51,15 @@ class LeasesInUse:
 
     def add(self, lease: RunLease) -> None:
         """Register a lease just taken (it replaces an older lease object of the same run and owner)."""
-        self._leases.setdefault(lease.owner, {})[lease.thread_id] = weakref.ref(lease)
+        leases = self._leases.setdefault(lease.owner, {})
+        thread_id = lease.thread_id
+
+        def forget(ref: weakref.ref[RunLease]) -> None:
+            # collected: its entry goes too, so a process that never audits (presence off) does not pile them up
+            if leases.get(thread_id) is ref:
+                del leases[thread_id]
+
+        leases[thread_id] = weakref.ref(lease, forget)
 
     def held(self, owner: str) -> set[str]:
         """The runs ``owner`` holds by its presence and this process works on (plus those being created or
@@ -61,11 +69,10 @@ class LeasesInUse:
         for thread_id, ref in list(leases.items()):
             lease = ref()
             if lease is None or lease.lost:
-                del leases[thread_id]
+                if leases.get(thread_id) is ref:
+                    del leases[thread_id]
             elif lease.held and lease.in_use:
                 in_use.add(thread_id)
-        if not leases:
-            self._leases.pop(owner, None)
         in_use.update(thread_id for who, thread_id in self._expected if who == owner)
         return in_use
 
