@@ -257,7 +257,14 @@ class BookingService:
         run_input = dict(booking_input(booking_id, payload))  # without the payment token: that waits apart
         await self.deps.payment_tokens.put(booking_id, request.payment_token)
         lease = await self.runs.create(booking_id, GRAPH, run_input, self.instance)
-        created = await self.bookings.create(booking_id, payload)
+        try:
+            created = await self.bookings.create(booking_id, payload)
+        except BaseException:
+            if lease is not None:
+                # not started here: a TTL lease runs out, a held run is released by this process's presence audit,
+                # and the recovery worker recreates the booking from the run's input
+                lease.abandon()
+            raise
         if lease is not None:
             self.start(lease, run_input, slot)
         else:

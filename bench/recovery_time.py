@@ -321,8 +321,12 @@ async def _scan_pass(url: str, runs: int, processes: int) -> dict[str, Any]:
             await owner.start()
         store = RunStore(client)
         per = runs // processes
+        # kept: each owner works on its runs, so its presence audit (runs.audit) leaves them held
+        leases: list[Any] = []
         for n, owner in enumerate(owners):
-            await asyncio.gather(*(store.create(f"run-{n}-{m}", "booking", {}, owner.instance) for m in range(per)))
+            leases += await asyncio.gather(
+                *(store.create(f"run-{n}-{m}", "booking", {}, owner.instance) for m in range(per))
+            )
         guard = QueueGuard(client, DeadLetterQueue(client, config=QueueConfig(max_size=max(1000, per))))
         scanner = OrphanScanner(client, store, guard, presence=PresenceMonitor(client, grace=0.0, restart_grace=0.0))
         await scanner.scan_once()

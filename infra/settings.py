@@ -151,6 +151,13 @@ class Settings(BaseSettings):
         gt=0,
         description="The orphan scan's interval while presence is on (ORPHAN_SCAN_INTERVAL when it is off).",
     )
+    presence_audit_interval_s: float = Field(
+        1.0,
+        validation_alias="PRESENCE_AUDIT_INTERVAL",
+        gt=0,
+        description="How often a process checks the runs it holds against the runs it works on: one held but not "
+        "worked on in two audits in a row (its release met an outage) is released for recovery.",
+    )
     presence_restart_grace_s: float = Field(
         3.0,
         validation_alias="PRESENCE_RESTART_GRACE",

@@ -110,8 +110,8 @@ class OrphanScanner:
         return enqueued
 
     async def _journal(self, thread_id: str, depth: int, gone: set[str]) -> None:
-        """``owner_lost`` (whose, why: its presence gone in this pass or its lease expired, noticed by us) and
-        ``queued_for_recovery``."""
+        """``owner_lost`` (whose, why: its presence gone in this pass, its hold released by its own audit, or its
+        lease expired; noticed by us) and ``queued_for_recovery``."""
         journal = writer()
         if journal is None:
             return
@@ -123,6 +123,9 @@ class OrphanScanner:
         fields: dict[str, object] = {"noticed_by": journal.instance, "reason": "lease expired"}
         if record is not None and record.owner in gone:
             fields.update(owner=record.owner, fence=record.fence, reason="presence gone")
+        elif record is not None and record.hold_ended:
+            # its live owner's audit found it held but not executing (runs.audit) and released it
+            fields.update(owner=record.owner, fence=record.fence, reason=record.hold_ended)
         elif record is not None:
             fields.update(owner=record.owner, fence=record.fence, lease_ttl_s=get_settings().run_lease_ttl_s)
             if record.lease_expires_at is not None:

@@ -20,7 +20,9 @@ run records and queue keys together, which Redis Cluster allows only within one 
 With presence on (``PRESENCE_ENABLED``, ``runs.presence``) a run taken by a registered, live process is *held* by
 it: ``lease_until`` is ``HELD_MS``, the run is listed in its instance's SET, and nothing renews it; the process's one
 instance lease and its named connection stand for all its runs, and the presence sweep ends the hold (``lease_until``
-= now, as an expiry would) when the process is gone. The fence per acquisition is unchanged.
+= now, as an expiry would) when the process is gone. The fence per acquisition is unchanged. Each process also
+audits its own holds (``runs.audit``): a run it holds but no longer works on (its release met an outage) is released
+the same way; ``runs.in_use`` is how the process knows which runs it works on.
 
 Decisions worth knowing:
 
@@ -50,6 +52,7 @@ from redis.asyncio import Redis
 from infra.redis import RedisScript, key, text
 from infra.settings import get_settings
 from runs.errors import LeaseLostError, RunFinalError, RunNotFoundError, redis_errors
+from runs.in_use import LeasesInUse, leases_in_use
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +128,8 @@ class RunRecord:
     """When the current lease runs out; ``None`` for final runs and runs held by their owner's presence."""
     held: bool = False
     """Held by its owner's presence (``runs.presence``): it ends when that process is gone, not at a set time."""
+    hold_ended: str | None = None
+    """Why the owner's own audit ended its hold (``runs.audit``), until the next owner takes it."""
 
     @property
     def is_final(self) -> bool:
@@ -198,7 +203,7 @@ if (tonumber(lease_until) or 0) > now then return {0, 0} end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 local expiry = expiry_for(KEYS[3], ARGV[2], ARGV[4], ARGV[3], now)
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'status', 'running', 'lease_until', expiry, 'updated_at', now)
-redis.call('HDEL', KEYS[1], 'claimed')
+redis.call('HDEL', KEYS[1], 'claimed', 'hold_ended')
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
 drop_hold(ARGV[5], previous, ARGV[1])
 take_hold(ARGV[5], ARGV[2], ARGV[1], expiry)
@@ -288,6 +293,8 @@ class RunStore:
     records stay readable after they end (``None`` keeps them). ``sleep`` is what heartbeats wait with.
     ``presence`` (default ``PRESENCE_ENABLED``): a run taken by an owner whose presence is registered is held by it
     (no per-run renewal, see ``runs.presence``); otherwise, or for an unregistered owner, it gets a TTL lease.
+    Every lease taken is registered in ``in_use`` (default: the process's ``runs.in_use.leases_in_use``), which the
+    owner's presence audit reads.
     """
 
     def __init__(
@@ -298,9 +305,11 @@ class RunStore:
         retention_s: float | None = DEFAULT_RETENTION_S,
         sleep: Sleep = asyncio.sleep,
         presence: bool | None = None,
+        in_use: LeasesInUse | None = None,
     ) -> None:
         settings = get_settings()
         self.presence = settings.presence_enabled if presence is None else presence
+        self.in_use = leases_in_use if in_use is None else in_use
         self.ttl = float(ttl if ttl is not None else settings.run_lease_ttl_s)
         if self.ttl <= 0:
             raise ValueError(f"lease ttl must be positive, got {self.ttl!r}")
@@ -325,14 +334,14 @@ class RunStore:
     async def create(self, thread_id: str, graph: str, input: Mapping[str, Any], owner: str) -> RunLease | None:
         """Record a new run and take its lease (fence 1) in one step; ``None`` if the thread id already exists."""
         payload = json.dumps(dict(input), separators=(",", ":"))
-        with redis_errors(f"creating run {thread_id!r}"):
+        with self.in_use.expecting(owner, thread_id), redis_errors(f"creating run {thread_id!r}"):
             created = await _CREATE(
                 self._redis,
                 keys=[self.run_key(thread_id), self.index_key, self.instances_key],
                 args=[thread_id, graph, payload, owner, self._ttl_ms, self._presence_arg, self._runs_of_prefix],
                 durable=True,  # a run a failover forgot would never finish: on a replica before the 202
             )
-        return RunLease(self, thread_id, owner, 1, held=created == 2) if created else None
+            return self._track(RunLease(self, thread_id, owner, 1, held=created == 2)) if created else None
 
     async def get(self, thread_id: str) -> RunRecord | None:
         with redis_errors(f"reading run {thread_id!r}"):
@@ -355,6 +364,7 @@ class RunStore:
             last_error=raw.get("last_error") or None,
             lease_expires_at=None if status.is_final or held else _seconds(raw.get("lease_until")),
             held=held,
+            hold_ended=raw.get("hold_ended") or None,
         )
 
     async def acquire(self, thread_id: str, owner: str) -> RunLease | None:
@@ -362,13 +372,18 @@ class RunStore:
 
         ``None`` when someone holds a live lease, the run is final, or there is no such run.
         """
-        with redis_errors(f"acquiring run {thread_id!r}"):
+        with self.in_use.expecting(owner, thread_id), redis_errors(f"acquiring run {thread_id!r}"):
             fence, held = await _ACQUIRE(
                 self._redis,
                 keys=[self.run_key(thread_id), self.index_key, self.instances_key],
                 args=[thread_id, owner, self._ttl_ms, self._presence_arg, self._runs_of_prefix],
             )
-        return RunLease(self, thread_id, owner, int(fence), held=held == 1) if int(fence) > 0 else None
+            return self._track(RunLease(self, thread_id, owner, int(fence), held=held == 1)) if int(fence) > 0 else None
+
+    def _track(self, lease: RunLease) -> RunLease:
+        # registered before ``expecting`` ends: the run never looks unused to the audit in between
+        self.in_use.add(lease)
+        return lease
 
     async def set_status(
         self,
@@ -479,6 +494,7 @@ class RunLease:
         self.held = held
         """Held by the owner's presence: nothing to renew, the process's one instance lease stands for it."""
         self._lost_reason: str | None = None
+        self._abandoned = False
 
     def __repr__(self) -> str:
         return (
@@ -490,6 +506,19 @@ class RunLease:
     def lost(self) -> bool:
         """True once this process knows the lease is gone (failed renewal, release, finish)."""
         return self._lost_reason is not None
+
+    @property
+    def in_use(self) -> bool:
+        """This process still works on the run with this lease: not lost, not abandoned (``runs.in_use``)."""
+        return self._lost_reason is None and not self._abandoned
+
+    def abandon(self) -> None:
+        """Stop working on the run without releasing it (the release failed, or the work never started).
+
+        Nothing changes in Redis: a TTL lease runs out by itself, and a run held by presence is released by the
+        owner's audit (``runs.audit``). A later successful fenced write through this lease takes it back up.
+        """
+        self._abandoned = True
 
     def _mark_lost(self, reason: str) -> None:
         if self._lost_reason is None:
@@ -529,7 +558,12 @@ class RunLease:
 
     async def release(self) -> bool:
         """Give the run up (status back to ``pending``) so it can be recovered at once; False if not ours."""
-        released = await self.store._release_lease(self)
+        try:
+            released = await self.store._release_lease(self)
+        except BaseException:
+            # not released, and whoever called this is giving the run up: its audit must not count it as in use
+            self.abandon()
+            raise
         self._mark_lost("released")
         return released
 
@@ -542,6 +576,8 @@ class RunLease:
             raise
         if RunStatus(status).is_final:
             self._mark_lost(f"run ended ({RunStatus(status).value})")
+        else:
+            self._abandoned = False  # a holder that carries on after a failed release: in use again
 
     async def finish(self, status: RunStatus | str, *, error: str | None = None) -> None:
         """Fenced ``RunStore.finish``: final status, lease over."""
@@ -552,10 +588,12 @@ class RunLease:
     async def increment_attempts(self, by: int = 1) -> int:
         """Fenced ``RunStore.increment_attempts``."""
         try:
-            return await self.store.increment_attempts(self.thread_id, fence=self.fence, by=by)
+            count = await self.store.increment_attempts(self.thread_id, fence=self.fence, by=by)
         except LeaseLostError as exc:
             self._mark_lost(exc.reason)
             raise
+        self._abandoned = False
+        return count
 
     @asynccontextmanager
     async def keep_alive(self, interval: float | None = None) -> AsyncIterator[RunLease]:

@@ -17,8 +17,11 @@ leaves, and the ordinary orphan path (claim, queue, fenced acquire) takes it ove
 
 After Redis restarts or fails over every connection drops at once. That is not every process dying: for
 ``PRESENCE_RESTART_GRACE`` after the monitor sees the server change (new ``run_id``, low uptime) or its own
-connection fail, nobody is declared dead, so every process has the time to reconnect and renew. See
-``docs/presence.md``.
+connection fail, nobody is declared dead, so every process has the time to reconnect and renew.
+
+A live process can also hold a run it no longer works on (its task ended and the release met a Redis outage): the
+sweep would never end that hold. So ``Presence`` also audits its own holds every ``PRESENCE_AUDIT_INTERVAL``
+(``runs.audit``) and releases such runs to the same orphan path. See ``docs/presence.md``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from redis.asyncio import Redis
 
 from infra.redis import RedisScript, clients_and_server, create_redis, key, text
 from infra.settings import get_settings
+from runs.audit import AuditResult, HoldAudit
 from runs.errors import redis_errors
+from runs.in_use import LeasesInUse
 from runs.leases import (
     HELD_MS,
     RECOVERY_TAG,
@@ -46,6 +51,7 @@ from runs.leases import (
 
 __all__ = [
     "HELD_MS",
+    "AuditResult",
     "Presence",
     "PresenceMonitor",
     "SweepResult",
@@ -154,7 +160,9 @@ class Presence:
     """One process's presence: the named connection and the instance lease it renews (see the module docstring).
 
     ``start()`` registers before returning (so the runs this process creates next are held by it) and keeps
-    renewing in a background task; ``stop()`` deregisters, so whatever it still holds is swept at the next scan.
+    renewing in a background task, which also audits the runs it holds every ``audit_interval``
+    (``PRESENCE_AUDIT_INTERVAL``; against ``in_use``, by default the process's registry, ``runs.in_use``);
+    ``stop()`` deregisters, so whatever it still holds is swept at the next scan.
     """
 
     def __init__(
@@ -165,6 +173,8 @@ class Presence:
         interval: float | None = None,
         ttl: float | None = None,
         client: Redis | None = None,
+        audit_interval: float | None = None,
+        in_use: LeasesInUse | None = None,
     ) -> None:
         settings = get_settings()
         self.instance = instance_name(instance)
@@ -172,6 +182,11 @@ class Presence:
         self.ttl = float(ttl if ttl is not None else settings.presence_lease_ttl_s)
         if self.interval <= 0 or self.ttl <= self.interval:
             raise ValueError(f"presence needs 0 < interval < ttl, got {self.interval!r} and {self.ttl!r}")
+        self.audit_interval = float(
+            audit_interval if audit_interval is not None else settings.presence_audit_interval_s
+        )
+        if self.audit_interval <= 0:
+            raise ValueError(f"the audit interval must be positive, got {self.audit_interval!r}")
         prefix = settings.key_prefix
         self._keys = [instances_key(prefix=prefix), missing_key(prefix=prefix), dead_instances_key(prefix=prefix)]
         # Its own pool of one: the shared pool's health checks and timeouts never close it, and redis-py sends
@@ -185,6 +200,12 @@ class Presence:
         )
         self._owns_client = client is None
         self._task: asyncio.Task[None] | None = None
+        self.holds = HoldAudit(self.client, self.instance, prefix=prefix, in_use=in_use)
+
+    async def audit(self) -> AuditResult:
+        """Audit the runs this instance holds now (``runs.audit``): those not in use here two audits in a row are
+        released to the orphan scan."""
+        return await self.holds.audit()
 
     async def renew(self) -> bool:
         """Renew the instance lease now; False when this registered the instance afresh (first time, or after it
@@ -205,6 +226,7 @@ class Presence:
         )
 
     async def _loop(self) -> None:
+        next_audit = time.monotonic() + self.audit_interval
         while True:
             await asyncio.sleep(self.interval)
             try:
@@ -215,6 +237,19 @@ class Presence:
                 logger.warning("presence of %s: renewal took over %.1fs; retrying", self.instance, self.ttl)
             except Exception as exc:
                 logger.warning("presence of %s: renewal failed (%s); retrying", self.instance, exc)
+            if time.monotonic() >= next_audit:
+                next_audit = time.monotonic() + self.audit_interval
+                await self._audit_quietly()
+
+    async def _audit_quietly(self) -> None:
+        # bounded like a renewal, so a slow audit cannot starve the instance lease; a failure only logs
+        try:
+            async with asyncio.timeout(self.ttl / 2):
+                await self.audit()
+        except TimeoutError:
+            logger.warning("presence of %s: the audit of its held runs took over %.1fs", self.instance, self.ttl / 2)
+        except Exception as exc:
+            logger.warning("presence of %s: the audit of its held runs failed (%s)", self.instance, exc)
 
     async def stop(self) -> None:
         """Stop renewing and deregister: runs still held are swept (and recovered) at the next scan."""

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from domain.booking import FINAL_JOURNAL_KINDS, BookingStatus, JournalKind
+from runs.audit import HOLD_NOT_EXECUTING
 
 __all__ = [
     "STATUS_OF_STEP",
@@ -88,6 +89,8 @@ def describe(entry: Mapping[str, Any]) -> str:
         case JournalKind.OWNER_LOST:
             if get("reason") == "presence gone":  # its Redis connection closed, or its instance lease ran out
                 return f"{get('owner')} lost (presence gone), noticed by {get('noticed_by')}"
+            if get("reason") == HOLD_NOT_EXECUTING:  # its own audit released a run it held but no longer ran
+                return f"{get('owner')} lost (held run not executing), noticed by {get('noticed_by')}"
             ttl = f" {get('lease_ttl_s')} s" if get("lease_ttl_s") is not None else ""
             return f"{get('owner')} lost (lease expired{ttl}), noticed by {get('noticed_by')}"
         case JournalKind.QUEUED_FOR_RECOVERY:

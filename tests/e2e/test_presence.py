@@ -7,15 +7,19 @@ assertions: timeouts only bound the waits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -275,3 +279,119 @@ def test_a_redis_restart_under_load_takes_no_run_from_its_live_owner(tmp_path: P
     finally:
         server.kill()
         server.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------------------------------- a failed release
+
+
+class RedisRelay:
+    """A TCP relay in front of Redis for one process: ``cut()`` drops its connections and refuses new ones until
+    ``heal()``; that process alone meets a Redis outage, everyone else's Redis answers."""
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self._upstream = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self.url = urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.port}"))
+        self._broken = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self._broken.set()
+        with self._lock:
+            sockets, self._sockets = self._sockets, set()
+        for sock in sockets:
+            _close(sock)
+
+    def heal(self) -> None:
+        self._broken.clear()
+
+    def close(self) -> None:
+        self.cut()
+        _close(self._listener)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._broken.is_set():
+                _close(client)
+                continue
+            try:
+                upstream = socket.create_connection(self._upstream, timeout=2)
+                upstream.settimeout(None)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._sockets.update({client, upstream})
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._sockets.difference_update({src, dst})
+            _close(src)
+            _close(dst)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def events(stack: Stack, booking_id: str) -> list[dict[str, Any]]:
+    response = stack.http.get(f"{stack.url('booking-agent')}/bookings/{booking_id}/events")
+    assert response.status_code == 200, response.text
+    return list(response.json()["events"])
+
+
+def test_a_run_whose_release_met_an_outage_is_recovered_by_a_peer_while_its_owner_lives(stack: Stack) -> None:
+    """booking-agent alone loses Redis mid-run, for longer than its run's budget: the run gives up and its release
+    fails, and Redis comes back with the run still held by the live agent. Its audit hands the run to a peer.
+
+    The recovery worker gets a presence grace longer than the outage, so the agent is never declared dead: only the
+    owner's own audit can explain the takeover (ten-minute run and instance leases).
+    """
+    stack.services["booking-agent"].kill()
+    stack.services["recovery-worker"].kill()
+    serve(stack, "recovery-worker", env={"PRESENCE_GRACE": "60"})
+    relay = RedisRelay(stack.env["REDIS_URL"])
+    agent = serve(stack, "booking-agent", env={"REDIS_URL": relay.url, "BOOKING_BUDGET_S": "4"})
+    try:
+        stack.fault("payment-api", latency_s=1.0)
+        booking_id = book(stack, 330)
+        wait_for_status(stack, booking_id, {"paying"})
+        relay.cut()
+        # the charge returns (payment-agent's Redis answers), the agent's own writes fail, it waits for its stores
+        # until the run's 4 s budget is spent, gives the run up and cannot release it
+        wait_until(lambda: "could not release the lease" in agent.log_text(), "the release to fail")
+        relay.heal()
+        wait_until(lambda: fence(stack, booking_id) >= 2, "a peer to take the held run over")
+        assert agent.alive
+        stack.fault("payment-api")
+        assert_each_confirmed_exactly_once(stack, [booking_id])
+        assert "not executing here released for recovery" in agent.log_text()
+        lost = [e for e in events(stack, booking_id) if e["kind"] == "owner_lost"]
+        assert [e["owner"].split("-")[:2] for e in lost if e.get("reason") == "held run not executing"] == [
+            ["booking", "agent"]
+        ], lost
+        assert agent.alive, "the owner lived through it all"
+    finally:
+        relay.close()
+        agent.kill()
+        stack.services["recovery-worker"].kill()
+    serve(stack, "booking-agent")
+    serve(stack, "recovery-worker")

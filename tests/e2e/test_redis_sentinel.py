@@ -10,7 +10,9 @@ printed. The accepts and the providers' side effects wait for the replica (``WAI
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -24,6 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
+from infra.redis import create_sync_redis
+from runs.leases import run_key
 from tests.procs import concierge_command
 from tests.redis_topologies import SentinelTopology
 from tests.stack import CORE, Stack, fresh_database, stay
@@ -46,6 +50,7 @@ HA_ENV = {
     "BOOKING_BUDGET_S": "30",
     "RECOVERY_OUTAGE_MAX_DELAY": "2",
     "CONCIERGE_CIRCUITS": '{"hotel_api": {"recovery_timeout": 2.0}, "payment_api": {"recovery_timeout": 2.0}}',
+    "CONCIERGE_LOG_LEVEL": "INFO",  # what each run did around the failover, for the report on a booking left behind
 }
 
 
@@ -170,10 +175,39 @@ def ledger_problems(stack: Stack, finals: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-# Known to fail now and then since presence (issue 14) and the Sentinel client (issue 17) were merged: one run in
-# several leaves one accepted booking unfinished (e.g. 'searching') after the failover while its owner lives on; a
-# process's presence keeps such a run from any takeover. Kept running (not skipped) until that is fixed.
-@pytest.mark.xfail(reason="a run left unfinished by a live owner after a failover (issue 17 open)", strict=False)
+def stuck_report(stack: Stack, booking_ids: list[str]) -> str:
+    """What the stack knows about bookings that did not end: run record, journal, log lines, and where the owner's
+    tasks wait (``kill -USR2`` makes a service log the stack of every asyncio task)."""
+    if not booking_ids:
+        return ""
+    for service in ("booking-agent", "recovery-worker"):
+        os.kill(stack.services[service].pid, signal.SIGUSR2)
+    time.sleep(2)
+    lines: list[str] = []
+    with create_sync_redis(stack.env["REDIS_URL"]) as client:
+        for booking_id in booking_ids:
+            lines.append(f"== {booking_id}")
+            lines.append(f"run record: {client.hgetall(run_key(booking_id, prefix=stack.prefix))}")
+            response = stack.http.get(f"{stack.url('booking-agent')}/bookings/{booking_id}/events")
+            for event in response.json().get("events", []) if response.status_code == 200 else []:
+                lines.append("  event " + json.dumps(event, separators=(",", ":")))
+            for service, proc in stack.services.items():
+                text = proc.log_text()
+                lines += [f"  {service}: {line}" for line in text.splitlines() if booking_id in line]
+                dump = text.split("asyncio task(s):")[-1] if "asyncio task(s):" in text else ""
+                lines += [
+                    f"  {service} task: Stack for {task}" for task in dump.split("Stack for ") if booking_id in task
+                ]
+    report = "\n".join(lines)
+    (stack.tmp_path / "stuck-bookings.txt").write_text(report)
+    return report
+
+
+# Known to fail now and then: a step's routing function asks Redis for a cancel (graph/booking.py) after the step's
+# writes; when the failover fails that read, LangGraph keeps the writes as done and the resume ends the graph with no
+# branch taken: the run is 'done', its booking left 'searching' or 'reserving' (docs/redis-ha.md). Runs left held by
+# a live owner, the cause this test was marked for before, are released by the owner's audit now.
+@pytest.mark.xfail(reason="a cancel check in a routing function meets the failover (docs/redis-ha.md)", strict=False)
 def test_killing_the_master_under_load_loses_no_accepted_booking(stack: Stack, topology: SentinelTopology) -> None:
     load = Load(stack)
     clients = [threading.Thread(target=load.client, args=(n,), daemon=True) for n in range(CLIENTS)]
@@ -211,7 +245,8 @@ def test_killing_the_master_under_load_loses_no_accepted_booking(stack: Stack, t
         f"→ first booking accepted again {back - died:.2f} s"
     )
     assert len(set(accepted)) == len(accepted), "one 202 per booking"
-    assert set(statuses) <= {"confirmed", "failed"}, statuses
+    stuck = [booking["booking_id"] for booking in finals if booking["status"] not in {"confirmed", "failed"}]
+    assert set(statuses) <= {"confirmed", "failed"}, f"{dict(statuses)}\n{stuck_report(stack, stuck)}"
     assert statuses["confirmed"] >= len(accepted) // 2, statuses
     assert not ledger_problems(stack, finals)
     for service in (*CORE, "recovery-worker"):

@@ -32,6 +32,8 @@ def test_every_kind_has_a_line_and_the_recovery_story_reads_as_one() -> None:
     }
     lost = {"kind": "owner_lost", "owner": "booking-agent:1", "lease_ttl_s": 5.0, "noticed_by": "recovery-worker"}
     assert describe(lost) == "booking-agent:1 lost (lease expired 5.0 s), noticed by recovery-worker"
+    audited = {"kind": "owner_lost", "owner": "booking-agent:1", "reason": "held run not executing", "noticed_by": "w"}
+    assert describe(audited) == "booking-agent:1 lost (held run not executing), noticed by w"
     resumed = {"kind": "resumed", "instance": "recovery-worker", "at_step": "charge", "fence": 2}
     assert describe(resumed) == "recovery-worker resumed at charge (fence 2)"
     replayed = {
