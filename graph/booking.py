@@ -25,9 +25,9 @@ with ``durability="sync"``: a step's checkpoint is written before the next step 
 Errors that answer the booking (no rooms, declined card, provider down, out of time) become ``error`` in the state
 and route to ``compensate``. Anything else (Redis down, a bug) raises: the run fails, recovery retries it.
 
-Cancel (``POST /bookings/{id}/cancel`` sets a durable flag on the booking record): every edge out of ``search``,
-``reserve`` and ``charge`` asks for it and routes to ``compensate`` when it is set; ``search`` also asks before it
-starts, and ``confirm`` passes the point of no return (``BookingStore.commit``) only without it. ``compensate``
+Cancel (``POST /bookings/{id}/cancel`` sets a durable flag on the booking record): ``search``, ``reserve`` and
+``charge`` ask for it as the last thing they do, and the edge after them routes to ``compensate`` when it was set
+(edges only read the state: ``_then_ask_for_cancel`` says why); ``search`` also asks before it starts, and ``confirm`` passes the point of no return (``BookingStore.commit``) only without it. ``compensate``
 without an error marks the run ``cancelled`` and ``finish`` writes that. Whichever process runs the saga (the owner,
 or the recovery worker resuming it after a crash) stops at the next step boundary the same way. A step with a side
 effect is never skipped on the way in: after a crash it may have acted already, and only its idempotent replay
@@ -90,7 +90,7 @@ class BookingState(TypedDict, total=False):
     status: str
     error: dict[str, str] | None
     cancelled: bool
-    """The booking's cancel flag was found (by ``search``, ``confirm`` or an edge): it compensates, ends ``cancelled``."""
+    """The booking's cancel flag was found (by a step, or ``confirm``'s commit): it compensates, ends ``cancelled``."""
 
 
 class Peer(Protocol):
@@ -349,16 +349,35 @@ STEPS: tuple[tuple[str, Any, list[str] | None], ...] = (
 )
 
 
-def _next_or_compensate(deps: BookingDeps, next_node: str, *, ask_cancel: bool) -> Any:
+ASKS_FOR_CANCEL: frozenset[str] = frozenset({"search", "reserve", "charge"})
+"""The steps that end by asking for the booking's cancel flag: the step boundaries where a cancelled run stops.
+After ``confirm`` there is nothing to ask: it passed the commit (no cancel can follow) or returned ``cancelled``."""
+
+
+def _then_ask_for_cancel(step: Any, deps: BookingDeps) -> Any:
+    """``step``, then the cancel flag read as the last thing the step does, its answer in the step's own update.
+
+    Not in the edge: LangGraph runs a routing function inside the step's task after the step's writes, and a
+    routing function that raises (Redis unreachable for the read) leaves those writes checkpointed with no branch
+    taken, so the resumed run ended there, ``done`` with its booking unfinished. Here a failed read fails the
+    whole step, which the resume runs again (its side effects deduplicated), and the edge only reads the state.
+    """
+
+    @functools.wraps(step)
+    async def asking(state: BookingState, config: RunnableConfig) -> dict[str, Any]:
+        update: dict[str, Any] = await step(state, config)
+        if not (update.get("error") or update.get("cancelled")) and await cancel_requested(deps, state):
+            return {**update, **CANCELLED}
+        return update
+
+    return asking
+
+
+def _next_or_compensate(next_node: str) -> Any:
     # async on purpose: LangGraph runs a plain function on a thread pool, a round trip per edge for a dict lookup.
-    # The decision is checkpointed with the step it follows: the step boundary where a cancelled run stops. After
-    # ``confirm`` there is nothing to ask: it passed the commit (no cancel can follow) or returned ``cancelled``.
+    # Pure: whatever the route needs is in the state (see ``_then_ask_for_cancel``).
     async def route(state: BookingState) -> str:
-        if state.get("error") or state.get("cancelled"):
-            return "compensate"
-        if ask_cancel and await cancel_requested(deps, state):
-            return "compensate"
-        return next_node
+        return "compensate" if state.get("error") or state.get("cancelled") else next_node
 
     return route
 
@@ -371,12 +390,13 @@ def build_booking_graph(
         node: Any = functools.partial(step, deps=deps)
         if key_fields is not None:
             node = idempotent_node(lambda: deps.redis, name, key_fields=key_fields)(node)
+        if name in ASKS_FOR_CANCEL:
+            node = _then_ask_for_cancel(node, deps)  # outside the idempotency record: a replay asks afresh
         builder.add_node(name, traced_node(name)(node))
     builder.add_edge(START, "search")
     chain = ["search", "reserve", "charge", "confirm", "finish"]
     for current, following in itertools.pairwise(chain):
-        route = _next_or_compensate(deps, following, ask_cancel=current != "confirm")
-        builder.add_conditional_edges(current, route, [following, "compensate"])
+        builder.add_conditional_edges(current, _next_or_compensate(following), [following, "compensate"])
     # both undo steps run in one super-step: one that fails (its provider is down) is retried on its own, the other's
     # result is already in the checkpoint
     builder.add_edge("compensate", "release_hold")

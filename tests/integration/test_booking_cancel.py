@@ -19,6 +19,7 @@ import httpx
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from domain.booking import BookingStatus
 from graph.booking import BookingDeps, booking_input, build_booking_graph
@@ -302,3 +303,35 @@ async def test_a_cancel_during_a_failing_compensation_ends_cancelled_with_the_er
     assert record is not None and record["status"] == "cancelled" and state["status"] == "cancelled"
     assert record["error"]["code"] == "payment_declined", "why it failed before the cancel is kept"
     assert "refund_payment" not in api.calls and api.calls[-1] == "cancel"
+
+
+async def test_a_cancel_flag_that_cannot_be_read_after_a_step_fails_the_step_and_the_resume_goes_on(
+    world: tuple[World, BookingDeps], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis unreachable for the flag's read right after ``reserve`` (a failover): the resumed run must go on.
+
+    When the read lived in the edge, LangGraph kept ``reserve``'s writes with no branch taken, and the resume ended
+    the graph there: the run ``done``, the booking never confirmed, its room held.
+    """
+    api, deps = world
+    booking_id = await accepted(deps)
+    reads = 0
+    asks = deps.bookings.cancel_requested
+
+    async def unreachable_once_after_reserve(booking: str) -> bool:
+        nonlocal reads
+        reads += 1
+        if reads == 3:  # before search, after search, after reserve
+            raise RedisConnectionError("Redis is failing over")
+        return await asks(booking)
+
+    monkeypatch.setattr(deps.bookings, "cancel_requested", unreachable_once_after_reserve)
+    saver = InMemorySaver()
+    with pytest.raises(RedisConnectionError):
+        await run_saga(deps, booking_id, saver=saver)
+
+    state = await run_saga(deps, booking_id, saver=saver, input=None)
+
+    assert state["status"] == "confirmed"
+    assert api.calls == ["search_hotels", "reserve", "charge_payment", "confirm"], "the hold is not made twice"
+    assert await deps.bookings.status(booking_id) == "confirmed"
