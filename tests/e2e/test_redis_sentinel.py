@@ -203,11 +203,6 @@ def stuck_report(stack: Stack, booking_ids: list[str]) -> str:
     return report
 
 
-# Known to fail now and then: a step's routing function asks Redis for a cancel (graph/booking.py) after the step's
-# writes; when the failover fails that read, LangGraph keeps the writes as done and the resume ends the graph with no
-# branch taken: the run is 'done', its booking left 'searching' or 'reserving' (docs/redis-ha.md). Runs left held by
-# a live owner, the cause this test was marked for before, are released by the owner's audit now.
-@pytest.mark.xfail(reason="a cancel check in a routing function meets the failover (docs/redis-ha.md)", strict=False)
 def test_killing_the_master_under_load_loses_no_accepted_booking(stack: Stack, topology: SentinelTopology) -> None:
     load = Load(stack)
     clients = [threading.Thread(target=load.client, args=(n,), daemon=True) for n in range(CLIENTS)]
