@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 
 from infra.redis import RedisScript, clients_and_server, create_redis, key, text
 from infra.settings import get_settings
+from infra.tasks import bounded_step, stop_task
 from runs.errors import redis_errors
 from runs.leases import (
     HELD_MS,
@@ -185,6 +186,9 @@ class Presence:
         )
         self._owns_client = client is None
         self._task: asyncio.Task[None] | None = None
+        # ends the renewals even if a cancellation is lost in a Redis call (``infra.tasks``): a renewal after the
+        # deregistration would register this instance again as it exits
+        self._stopping = asyncio.Event()
 
     async def renew(self) -> bool:
         """Renew the instance lease now; False when this registered the instance afresh (first time, or after it
@@ -199,14 +203,17 @@ class Presence:
                 await self.renew()
         except Exception as exc:
             logger.warning("presence of %s: could not register yet (%s); retrying", self.instance, exc)
+        self._stopping.clear()
         self._task = asyncio.create_task(self._loop(), name=f"presence:{self.instance}")
         logger.info(
             "presence of %s registered (renewed every %.2fs, lease %.1fs)", self.instance, self.interval, self.ttl
         )
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             await asyncio.sleep(self.interval)
+            if self._stopping.is_set():
+                return
             try:
                 async with asyncio.timeout(self.ttl):
                     if not await self.renew():
@@ -219,8 +226,7 @@ class Presence:
     async def stop(self) -> None:
         """Stop renewing and deregister: runs still held are swept (and recovered) at the next scan."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=1.0)
+            await stop_task(self._task, stop=self._stopping, within=1.0, what=f"presence renewal of {self.instance}")
             self._task = None
         try:
             async with asyncio.timeout(2):
@@ -229,7 +235,9 @@ class Presence:
             logger.warning("presence of %s: could not deregister (%s); its lease will expire", self.instance, exc)
         finally:
             if self._owns_client:
-                await self.client.aclose()
+                await bounded_step(
+                    self.client.aclose(), within=2.0, what=f"closing the presence connection of {self.instance}"
+                )
 
 
 @dataclass(frozen=True)
