@@ -32,12 +32,16 @@ async def stop_task(
     """
     if stop is not None:
         stop.set()
-    if not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=within)
+    if task.done():
+        _log_failure(task, what)
+        return True
+    task.cancel()
+    await asyncio.wait({task}, timeout=within)
     if not task.done():
         logger.warning("%s did not stop within %.1fs; leaving it to end on its own", what or task.get_name(), within)
         return False
+    if not task.cancelled() and stop is not None:
+        logger.info("%s ended on its stop flag: its cancellation was lost on the way", what or task.get_name())
     _log_failure(task, what)
     return True
 

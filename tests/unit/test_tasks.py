@@ -11,7 +11,7 @@ import pytest
 from infra.tasks import bounded_step, stop_task
 
 
-async def test_a_loop_that_loses_its_cancellation_ends_on_its_flag() -> None:
+async def test_a_loop_that_loses_its_cancellation_ends_on_its_flag(caplog: pytest.LogCaptureFixture) -> None:
     stop = asyncio.Event()
 
     async def loop() -> None:
@@ -19,10 +19,12 @@ async def test_a_loop_that_loses_its_cancellation_ends_on_its_flag() -> None:
             with contextlib.suppress(asyncio.CancelledError):  # a library that ate the cancellation
                 await asyncio.sleep(0.01)
 
-    task = asyncio.create_task(loop())
+    task = asyncio.create_task(loop(), name="the loop")
     await asyncio.sleep(0)
-    assert await stop_task(task, stop=stop, within=5)
+    with caplog.at_level(logging.INFO, logger="infra.tasks"):
+        assert await stop_task(task, stop=stop, within=5)
     assert task.done() and not task.cancelled()
+    assert "the loop ended on its stop flag" in caplog.text
 
 
 async def test_a_task_that_does_not_stop_is_named_and_left_behind(caplog: pytest.LogCaptureFixture) -> None:
