@@ -27,7 +27,6 @@ and cancels whatever still runs after ``DRAIN_S`` (which hands it back too).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -51,6 +50,7 @@ from infra.journal import name_instance
 from infra.service import create_service_app
 from infra.settings import get_settings
 from infra.signals import on_terminate
+from infra.tasks import stop_task
 from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoverableGraph, RecoveryConsumer
 from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
 from recovery.scanner import OrphanScanner
@@ -156,20 +156,23 @@ class RecoveryWorker:
         ]
 
     async def stop(self, grace: float = DRAIN_S) -> None:
-        """Stop scanning and taking; hand back (or finish) the runs in hand within ``grace``."""
+        """Stop scanning and taking; hand back (or finish) the runs in hand within ``grace``.
+
+        Every wait is bounded and never a bare ``await`` on a task: a cancellation lost in a Redis call
+        (``infra.tasks``) once kept the scanner running and this shutdown waiting for it. Each loop also ends on its
+        flag at its next turn; what does not stop in time is named in the log and left behind.
+        """
         scanner_task, consumer_task = self._tasks or (None, None)
+        self._tasks = []
         if scanner_task is not None:
-            scanner_task.cancel()
-        await self.consumer.stop(grace)
+            await stop_task(
+                scanner_task, stop=self.scanner.stopping, within=self.scanner.interval + 1.0, what="the orphan scanner"
+            )
+        await self.consumer.stop(grace)  # bounded: grace, then the runs still busy are cancelled (5 s to hand back)
         if consumer_task is not None:
             # the take loop notices the stop within one take (take_wait); a hung Redis call is cancelled instead
-            _done, pending = await asyncio.wait({consumer_task}, timeout=self.consumer.config.take_wait + 2)
-            for task in pending:
-                task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
+            await asyncio.wait({consumer_task}, timeout=self.consumer.config.take_wait + 2)
+            await stop_task(consumer_task, within=1.0, what="the recovery consumer's take loop")
 
     async def queue_health(self) -> dict[str, int | float]:
         """``GET /health/queue``: the queue's figures (shared by every worker) and this worker's runs in hand.

@@ -306,7 +306,15 @@ class RecoveryConsumer:
             task.cancel()
         if pending:
             # cancelled runs hand themselves back (bounded inside execute_run); do not hang the shutdown on them
-            await asyncio.wait(pending, timeout=5)
+            _done, stuck = await asyncio.wait(pending, timeout=5)
+            if stuck:
+                logger.warning(
+                    "recovery consumer: %d run task(s) did not end within %.0fs of their cancellation (%s); their"
+                    " leases will expire",
+                    len(stuck),
+                    5,
+                    ", ".join(sorted(task.get_name() for task in stuck)),
+                )
 
     async def _wait_for_stop(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True if ``stop()`` was called meanwhile."""

@@ -10,6 +10,9 @@ With a ``PresenceMonitor`` each scan first sweeps the processes' presence (``run
 whose named Redis connection is gone (past ``PRESENCE_GRACE``) or whose instance lease expired get their lease ended
 in that pass, so the same scan finds and queues them: a dead owner is noticed in one scan interval plus the grace,
 not after a run lease TTL.
+
+``run`` ends when ``stopping`` is set (at its next turn) as well as when cancelled: a cancellation that lands as a
+Redis call completes can be lost (``infra.tasks``), and a scanner that went on scanning held its worker's shutdown.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class OrphanScanner:
     """Periodic orphan detection. ``redis`` runs the index query; ``store`` names the index; ``guard`` enqueues.
 
     ``interval`` defaults to ``ORPHAN_SCAN_INTERVAL`` (``PRESENCE_SCAN_INTERVAL`` with a ``presence`` monitor);
-    ``batch_size`` is how many candidates one script handles.
+    ``batch_size`` is how many candidates one script handles. Setting ``stopping`` ends ``run`` at its next turn.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class OrphanScanner:
         self._redis = redis
         self._clock = clock
         self._sleep = sleep
+        self.stopping = asyncio.Event()
 
     async def scan_once(self) -> list[str]:
         """Enqueue every current orphan; returns the ids this call newly put in the queue."""
@@ -134,11 +138,13 @@ class OrphanScanner:
         journal.record(thread_id, JournalKind.QUEUED_FOR_RECOVERY, queue_depth=depth)
 
     async def run(self) -> None:
-        """Scan every ``interval`` until cancelled; a failed scan is logged and the loop carries on."""
-        while True:
+        """Scan every ``interval`` until cancelled or ``stopping``; a failed scan is logged and the loop carries on."""
+        while not self.stopping.is_set():
             started = self._clock()
             try:
                 await self.scan_once()
             except Exception:
                 logger.exception("orphan scan failed; retrying in %.2fs", self.interval)
+            if self.stopping.is_set():
+                return
             await self._sleep(max(0.0, self.interval - (self._clock() - started)))

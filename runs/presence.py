@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 
 from infra.redis import RedisScript, clients_and_server, create_redis, key, text
 from infra.settings import get_settings
+from infra.tasks import bounded_step, stop_task
 from runs.audit import AuditResult, HoldAudit
 from runs.errors import redis_errors
 from runs.in_use import LeasesInUse
@@ -201,6 +202,9 @@ class Presence:
         self._owns_client = client is None
         self._task: asyncio.Task[None] | None = None
         self.holds = HoldAudit(self.client, self.instance, prefix=prefix, in_use=in_use)
+        # ends the renewals even if a cancellation is lost in a Redis call (``infra.tasks``): a renewal after the
+        # deregistration would register this instance again as it exits
+        self._stopping = asyncio.Event()
 
     async def audit(self) -> AuditResult:
         """Audit the runs this instance holds now (``runs.audit``): those not in use here two audits in a row are
@@ -220,6 +224,7 @@ class Presence:
                 await self.renew()
         except Exception as exc:
             logger.warning("presence of %s: could not register yet (%s); retrying", self.instance, exc)
+        self._stopping.clear()
         self._task = asyncio.create_task(self._loop(), name=f"presence:{self.instance}")
         logger.info(
             "presence of %s registered (renewed every %.2fs, lease %.1fs)", self.instance, self.interval, self.ttl
@@ -227,8 +232,10 @@ class Presence:
 
     async def _loop(self) -> None:
         next_audit = time.monotonic() + self.audit_interval
-        while True:
+        while not self._stopping.is_set():
             await asyncio.sleep(self.interval)
+            if self._stopping.is_set():
+                return
             try:
                 async with asyncio.timeout(self.ttl):
                     if not await self.renew():
@@ -237,7 +244,7 @@ class Presence:
                 logger.warning("presence of %s: renewal took over %.1fs; retrying", self.instance, self.ttl)
             except Exception as exc:
                 logger.warning("presence of %s: renewal failed (%s); retrying", self.instance, exc)
-            if time.monotonic() >= next_audit:
+            if time.monotonic() >= next_audit and not self._stopping.is_set():
                 next_audit = time.monotonic() + self.audit_interval
                 await self._audit_quietly()
 
@@ -254,8 +261,7 @@ class Presence:
     async def stop(self) -> None:
         """Stop renewing and deregister: runs still held are swept (and recovered) at the next scan."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=1.0)
+            await stop_task(self._task, stop=self._stopping, within=1.0, what=f"presence renewal of {self.instance}")
             self._task = None
         try:
             async with asyncio.timeout(2):
@@ -264,7 +270,9 @@ class Presence:
             logger.warning("presence of %s: could not deregister (%s); its lease will expire", self.instance, exc)
         finally:
             if self._owns_client:
-                await self.client.aclose()
+                await bounded_step(
+                    self.client.aclose(), within=2.0, what=f"closing the presence connection of {self.instance}"
+                )
 
 
 @dataclass(frozen=True)

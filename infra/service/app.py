@@ -49,6 +49,7 @@ from infra.service.middleware import (
 from infra.service.openapi import install_openapi
 from infra.service.state import ServiceInfo
 from infra.settings import get_settings
+from infra.tasks import bounded_step
 from infra.telemetry import configure_telemetry, shutdown_telemetry
 from resilience import (
     add_hook,
@@ -63,6 +64,8 @@ Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[object]]
 
 # Probes and scrapes would drown the interesting spans.
 _UNTRACED_PREFIXES = ("/health", "/metrics")
+_CLOSE_REDIS_S = 5.0
+"""How long closing the shared Redis client may take at shutdown (a connection's close waits for its socket)."""
 
 
 def _untraced(scope: MutableMapping[str, Any]) -> bool:
@@ -207,12 +210,11 @@ def create_service_app(
                     yield
         finally:
             try:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(2):
-                        await journal_flush()  # the last entries (a handoff) before the client goes
+                # every step bounded and named in the log if it overruns: a stop must never hang the process
+                await bounded_step(journal_flush(), within=2, what="writing the last journal entries")
                 remove_hook(resilience_hook)
                 install_writer(previous_writer)
-                await redis.aclose()
+                await bounded_step(redis.aclose(), within=_CLOSE_REDIS_S, what="closing the Redis client")
             finally:
                 budget_defaults.restore()
                 identity.restore()

@@ -334,9 +334,6 @@ def test_sigterm_hands_the_run_over_without_waiting_for_the_lease(stack: Stack) 
     assert int(run_record(stack, booking_id)["fence"]) == 2, "handed over once, to the recovery worker"
 
 
-# Known to fail now and then since presence was merged: after handing its run off, the recovery worker's shutdown
-# sometimes hangs ("Waiting for application shutdown", then nothing; SIGKILL after 15 s). Kept running until fixed.
-@pytest.mark.xfail(reason="the worker's shutdown sometimes hangs after the handoff (issue 14 open)", strict=False)
 def test_sigterm_on_the_worker_hands_its_runs_back_at_once(stack: Stack) -> None:
     # with a lease this long, only a handoff (not an expiry) can get the run to the next worker within the test
     long_ttl = 600.0
