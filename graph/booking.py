@@ -146,10 +146,12 @@ def failure(code: str, message: str) -> dict[str, Any]:
 def classify(exc: BaseException) -> dict[str, Any]:
     """The booking error for an exception that answers the booking (``infra.error_table``); re-raises the rest.
 
-    ``internal`` (Redis down, a bug) is not an answer: the run fails and recovery runs it again.
+    ``internal`` (a bug) is not an answer: the run fails and recovery runs it again. Nor is
+    ``dependency_unavailable``, ours or a peer's (its Redis or Postgres unreachable, answered as its skill error):
+    the stores are coming back, so the run pauses and the step runs again (``runs.runner``), its effects deduplicated.
     """
     answer = answer_for(exc)
-    if answer.code == ErrorCode.INTERNAL:
+    if answer.code in (ErrorCode.INTERNAL, ErrorCode.DEPENDENCY_UNAVAILABLE):
         raise exc
     return failure(answer.code, answer.message)
 

@@ -87,8 +87,8 @@ async def execute_run(
 ) -> RunResult:
     """Run (or resume) ``lease.thread_id`` to the end, to a handoff, or to a failure. Never raises but CancelledError.
 
-    A step that fails because Redis or Postgres is unreachable (``dependency_unavailable`` in the error table) does
-    not fail the run: it pauses until the stores answer and the lease is still ours, then resumes from the last
+    A step that fails because Redis or Postgres is unreachable (``dependency_unavailable`` in the error table, ours
+    or a peer's) does not fail the run: it pauses until the stores answer and the lease is still ours, then resumes from the last
     checkpoint. The pause counts against the run's budget; a lease taken over meanwhile ends it as ``LOST``.
     """
     with journal_scope(lease.thread_id, fence=lease.fence):
@@ -107,6 +107,7 @@ async def _execute(
 ) -> RunResult:
     config = run_config(lease.thread_id)
     run_input = input
+    pauses = 0
     try:
         # an accepted run is a promise: a full bulkhead on its way delays it within its budget, never fails it
         with detached_budget(budget_s), wait_for_slots():
@@ -119,7 +120,10 @@ async def _execute(
                     if answer_for(exc).code != ErrorCode.DEPENDENCY_UNAVAILABLE or (stop is not None and stop.is_set()):
                         raise
                     logger.warning("run %s paused: %s; resuming when the stores answer", lease.thread_id, exc)
-                    if not await _wait_for_the_stores(lease, stop, sleep):
+                    # backs off across pauses too: a peer's store that stays down while ours answers is not polled
+                    first = min(PAUSE_FIRST_S * 2**pauses, PAUSE_MAX_S)
+                    pauses += 1
+                    if not await _wait_for_the_stores(lease, stop, sleep, first=first):
                         await _hand_off_quietly(lease, hand_off)  # shutting down meanwhile
                         return RunResult(RunOutcome.HANDED_OFF)
                     run_input = None  # from the last checkpoint: the failed step runs again, its effects deduplicated
@@ -203,7 +207,7 @@ async def _unless_stopped(
 
 
 async def _wait_for_the_stores(
-    lease: RunLease, stop: asyncio.Event | None, sleep: Callable[[float], Awaitable[None]]
+    lease: RunLease, stop: asyncio.Event | None, sleep: Callable[[float], Awaitable[None]], *, first: float
 ) -> bool:
     """Back off until the run store answers and still names us the owner (``LeaseLostError`` if it does not);
     False when a shutdown began meanwhile.
@@ -211,7 +215,7 @@ async def _wait_for_the_stores(
     The heartbeat keeps running, so a Postgres outage with Redis up does not cost the lease; the budget bounds the
     whole pause (``BudgetExhaustedError`` once it is spent, which fails the attempt as any timeout does).
     """
-    delay = PAUSE_FIRST_S
+    delay = first
     async with lease.keep_alive():
         while True:
             await sleep(min(delay, max(0.0, remaining_budget())))

@@ -192,3 +192,22 @@ async def test_no_offer_fails_the_booking_without_touching_a_provider(redis: Red
 
     assert record["status"] == "failed" and record["error"]["code"] == "no_availability"
     assert api.requests == [] and payment.charges == []
+
+
+async def test_a_peer_whose_own_store_is_down_pauses_the_run_instead_of_failing_the_booking(
+    redis: Redis, hotel_api: Any
+) -> None:
+    """payment-agent cannot reach its Redis: not an answer about the booking, so the step raises (the runner pauses
+    the run and runs the step again when the stores answer) and nothing is compensated."""
+    api, hotels = hotel_api
+
+    def store_down(data: dict[str, Any]) -> Any:
+        raise A2ASkillError("dependency_unavailable", "the idempotency store cannot be reached")
+
+    payment = PaymentAgent(store_down)
+    with pytest.raises(A2ASkillError) as raised:
+        await book(redis, hotels, SearchAgent([offer("h1", 100.0)]), payment)
+
+    assert raised.value.code == "dependency_unavailable"
+    assert api.requests == [("reserve", "h1")], "the hold stays: the run goes on from here"
+    assert payment.refunds == []

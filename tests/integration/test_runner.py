@@ -15,6 +15,7 @@ from langgraph.types import interrupt
 from redis.asyncio import Redis
 
 from graph.idempotency import idempotent_node
+from infra.a2a import A2ASkillError
 from infra.redis import create_redis
 from infra.settings import get_settings
 from runs.leases import RunRecord, RunStatus, RunStore
@@ -136,3 +137,41 @@ async def test_a_redis_outage_mid_run_pauses_the_run_and_it_continues_when_redis
         server.kill()
         server.wait()
         get_settings.cache_clear()
+
+
+async def test_a_peer_whose_store_is_down_pauses_the_run_with_growing_waits_and_it_goes_on(redis: Redis) -> None:
+    """A peer answering ``dependency_unavailable`` while our own stores answer: each pause waits longer than the one
+    before (the peer is not polled ten times a second), and the run goes on to DONE once the peer is back."""
+    unavailable = 4
+    waits: list[float] = []
+
+    async def b(state: State) -> dict[str, Any]:
+        nonlocal unavailable
+        if unavailable:
+            unavailable -= 1
+            raise A2ASkillError("dependency_unavailable", "payment-agent cannot reach its Redis")
+        return {"trail": [*state["trail"], "b"]}
+
+    async def a(state: State) -> dict[str, Any]:
+        return {"trail": [*state.get("trail", []), "a"]}
+
+    async def sleep(delay: float) -> None:
+        waits.append(delay)
+
+    builder = StateGraph(State)
+    builder.add_node("a", a)
+    builder.add_node("b", b)
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", END)
+    store = RunStore(redis, ttl=5)
+    lease = await store.create("run-peer-down", "test", {"order": "o"}, "me")
+    assert lease is not None
+
+    result = await execute_run(
+        builder.compile(checkpointer=InMemorySaver()), lease, {"order": "o"}, budget_s=10, sleep=sleep
+    )
+
+    assert result.outcome is RunOutcome.DONE, result.error
+    assert result.values is not None and result.values["trail"] == ["a", "b"]
+    assert waits == sorted(waits) and waits[-1] > waits[0] and len(waits) == 4, waits
