@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -28,11 +29,13 @@ class State(TypedDict, total=False):
     trail: list[str]
 
 
-def graph(*, stop_at_b: bool = False, fail_at_b: bool = False) -> Any:
+def graph(*, stop_at_b: bool = False, fail_at_b: bool = False, before_b: Callable[[], None] | None = None) -> Any:
     async def a(state: State) -> dict[str, Any]:
         return {"trail": [*state.get("trail", []), "a"]}
 
     async def b(state: State) -> dict[str, Any]:
+        if before_b is not None:
+            before_b()
         if stop_at_b:
             interrupt("needs a human")
         if fail_at_b:
@@ -145,33 +148,21 @@ async def test_a_peer_whose_store_is_down_pauses_the_run_with_growing_waits_and_
     unavailable = 4
     waits: list[float] = []
 
-    async def b(state: State) -> dict[str, Any]:
+    def peer_down() -> None:
         nonlocal unavailable
         if unavailable:
             unavailable -= 1
             raise A2ASkillError("dependency_unavailable", "payment-agent cannot reach its Redis")
-        return {"trail": [*state["trail"], "b"]}
-
-    async def a(state: State) -> dict[str, Any]:
-        return {"trail": [*state.get("trail", []), "a"]}
 
     async def sleep(delay: float) -> None:
         waits.append(delay)
 
-    builder = StateGraph(State)
-    builder.add_node("a", a)
-    builder.add_node("b", b)
-    builder.add_edge(START, "a")
-    builder.add_edge("a", "b")
-    builder.add_edge("b", END)
     store = RunStore(redis, ttl=5)
     lease = await store.create("run-peer-down", "test", {"order": "o"}, "me")
     assert lease is not None
 
-    result = await execute_run(
-        builder.compile(checkpointer=InMemorySaver()), lease, {"order": "o"}, budget_s=10, sleep=sleep
-    )
+    result = await execute_run(graph(before_b=peer_down), lease, {"order": "o"}, budget_s=10, sleep=sleep)
 
     assert result.outcome is RunOutcome.DONE, result.error
-    assert result.values is not None and result.values["trail"] == ["a", "b"]
+    assert result.values == {"order": "o", "trail": ["a", "b"]}
     assert waits == sorted(waits) and waits[-1] > waits[0] and len(waits) == 4, waits
