@@ -67,8 +67,10 @@ MAX_PENDING: Final = 10_000
 """Entries queued in one process while Redis does not answer; past it the oldest are dropped (and logged)."""
 MAX_BATCH: Final = 500
 """Entries per script call: a backlog (Redis was away) goes out in slices, never one long script."""
-BATCH_WINDOW_S: Final = 0.005
-"""How long the writer lets entries gather before it sends them (not when a final status waits for them)."""
+BATCH_WINDOW_S: Final = 0.05
+"""How long the writer lets entries gather before it sends them. Long enough that most of a booking's entries in
+booking-agent are still queued when its final status takes them (``take``), short for a person watching; whoever
+needs them written now (payment-agent before it answers, a handoff, a shutdown) flushes and cuts it short."""
 _SECRET_WORDS: Final = ("token", "secret", "password", "authorization", "card")
 
 # KEYS: stream₁, booking₁, stream₂, booking₂, ... | ARGV: max_len, ttl_s, entry₁, entry₂, ...

@@ -33,6 +33,7 @@ from langgraph.graph.state import CompiledStateGraph
 from domain.booking import ErrorCode, JournalKind
 from graph.idempotency import fence_scope
 from infra.error_table import answer_for
+from infra.journal import flush as journal_flush
 from infra.journal import journal_scope, note
 from resilience.budget import detached_budget, remaining_budget
 from resilience.bulkhead import wait_for_slots
@@ -238,6 +239,8 @@ async def _wait_for_the_stores(
 async def _hand_off(lease: RunLease, hand_off: HandOff | None) -> RunResult:
     await lease.release()
     note(JournalKind.HANDED_OFF, owner=lease.owner, reason="shutdown")
+    # this process's entries of the run land before whoever takes it next writes its own (``resumed``)
+    await journal_flush()
     if hand_off is not None:
         await hand_off(lease.thread_id)
     logger.info("run %s handed off for recovery", lease.thread_id)
