@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import psycopg
+import psycopg_pool.pool_async
 import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointMetadata, empty_checkpoint
@@ -319,3 +320,32 @@ async def test_the_sqlite_checkpoints_are_readable_by_their_owner_only(
         assert modes == dict.fromkeys(modes, "0o600")
     finally:
         get_settings.cache_clear()
+
+
+async def test_one_dropped_connection_sweeps_the_others_so_a_checkout_backs_off_at_most_once(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pg_terminate_backend`` kills every idle connection of the pool at once. psycopg_pool's check on checkout
+    backs off 1, 2, 4, 8 s between the dead connections it meets one by one: 15 s for one write (seen in a CI run,
+    a charge cancelled by its 15 s budget). One failed check must clear the rest."""
+    backoffs: list[float] = []
+    real_sleep = psycopg_pool.pool_async.asleep
+
+    async def recorded(delay: float) -> None:
+        backoffs.append(delay)
+        await real_sleep(delay)
+
+    monkeypatch.setattr(psycopg_pool.pool_async, "asleep", recorded)
+    async with open_checkpointer(postgres_url) as saver:
+        graph = step_graph(saver)
+
+        async def run(i: int) -> dict[str, Any]:
+            config = {"configurable": {"thread_id": f"swept-{uuid.uuid4().hex}-{i}"}}
+            return dict(await graph.ainvoke({"order": f"o-{i}"}, config, durability="sync"))
+
+        await asyncio.gather(*(run(i) for i in range(8)))  # several idle connections in the pool
+        assert _terminate_backends(postgres_url) >= 3
+        result = await asyncio.wait_for(run(99), timeout=60)
+
+    assert result["status"] == "confirmed"
+    assert len(backoffs) <= 1, f"the checkout met the dead connections one by one: {backoffs}"
