@@ -242,7 +242,10 @@ def test_killing_the_master_under_load_loses_no_accepted_booking(stack: Stack, t
     assert len(set(accepted)) == len(accepted), "one 202 per booking"
     stuck = [booking["booking_id"] for booking in finals if booking["status"] not in {"confirmed", "failed"}]
     assert set(statuses) <= {"confirmed", "failed"}, f"{dict(statuses)}\n{stuck_report(stack, stuck)}"
-    assert statuses["confirmed"] >= len(accepted) // 2, statuses
+    # how many fail is a rate, not a promise: a booking that meets the providers' own failover (hotel-api answers
+    # 503 while its Redis moves, its breaker opens) fails fast and is compensated, and a closed-loop client books
+    # again at once; that a failure is an honest, compensated one is what the ledgers and verify check below
+    assert set(why) <= {"provider_unavailable", "timeout"}, why
     assert not ledger_problems(stack, finals)
     for service in (*CORE, "recovery-worker"):
         assert stack.services[service].alive, f"{service} needed a restart"
@@ -253,6 +256,10 @@ def test_killing_the_master_under_load_loses_no_accepted_booking(stack: Stack, t
     assert f"{len(accepted)} bookings" in audit.stdout and "0 disagreement(s)" in audit.stdout
     dlq = concierge(stack, "dlq", "list")
     assert (dlq.returncode, dlq.stdout) == (0, "the DLQ is empty\n"), dlq.stderr
+    # once things settle, the same processes serve as before: a booking made now is confirmed
+    checkin, checkout = stay(days_ahead=333)
+    settled = stack.wait(stack.book(checkin=checkin, checkout=checkout)["booking_id"])
+    assert settled["status"] == "confirmed", settled
 
 
 def concierge(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
