@@ -230,38 +230,19 @@ class BookingStore:
         return bool(await _CREATE(self._redis, keys=keys, args=args, durable=True))
 
     async def update(self, booking_id: str, **fields: Any) -> bool:
-        """Move a booking forward; False if it is already final (or unknown)."""
-        now = fields["updated_at"] = time.time()
-        status = fields.get("status")
-        final = "1" if status in FINAL_BOOKING_STATUSES else "0"
-        entry = ""
-        before: list[str] = []
-        if final == "1":
-            before = await journal.take(booking_id)  # this process's entries first: the final entry is the last
-            entry = encode_entry(str(status), instance_id(), _final_fields(fields), at=now)
-        try:
-            reply = await _UPDATE(
-                self._redis,
-                keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
-                args=_update_args(final, entry, before, fields),
-                # a final status is durable: the checkpoint after ``finish`` says the run needs nothing more, so a
-                # failover that forgot this write would leave the booking unfinished for good
-                durable=final == "1",
-            )
-        except BaseException:
-            journal.give_back(booking_id, before)
-            raise
-        updated = int(reply[0]) == 1
-        if final == "1" and updated:
-            record = [text(value) for value in reply[1]]
-            raw = dict(zip(record[::2], record[1::2], strict=True))
-            _count_final(raw, now)
-            if booking_id in self._waiters:
-                self._finals[booking_id] = _view(raw)
-        if final == "1" and (waiters := self._waiters.get(booking_id)):
-            for event in waiters:
-                event.set()
-        return updated
+        """Move a booking forward; False if it is already final (or unknown). A final status goes to ``finalize``."""
+        status = fields.pop("status", None)
+        if status in FINAL_BOOKING_STATUSES:
+            return (await self.finalize(booking_id, status, **fields))[1]
+        if status is not None:
+            fields["status"] = status
+        fields["updated_at"] = time.time()
+        reply = await _UPDATE(
+            self._redis,
+            keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+            args=_update_args("0", "", [], fields),
+        )
+        return int(reply[0]) == 1
 
     async def finalize(self, booking_id: str, status: BookingStatus, **fields: Any) -> tuple[str | None, bool]:
         """Write the booking's final status; returns the status it ends with and whether this call wrote it.
@@ -280,7 +261,9 @@ class BookingStore:
                 self._redis,
                 keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
                 args=_update_args("1", entry, before, fields),
-                durable=True,  # see ``update``
+                # durable: the checkpoint after ``finish`` says the run needs nothing more, so a failover that
+                # forgot this write would leave the booking unfinished for good
+                durable=True,
             )
         except BaseException:
             journal.give_back(booking_id, before)
