@@ -45,9 +45,8 @@ class Behaviour:
 
     fail: set[str] = field(default_factory=set)
     outage: Counter[str] = field(default_factory=Counter)
-    """Node → how many more of its runs meet an open circuit (an outage, not a failure of the run)."""
-    peer_outage: Counter[str] = field(default_factory=Counter)
-    """Node → how many more of its runs get a peer's ``provider_unavailable`` skill error (its provider is down)."""
+    """Node → how many more of its runs meet an outage (not a failure of the run): ``outage_error``."""
+    outage_error: Callable[[], Exception] = field(default=lambda: CircuitOpenError("hotel_api", 30.0))
     gate: dict[str, asyncio.Event] = field(default_factory=dict)
     delay: dict[str, float] = field(default_factory=dict)
     after: dict[str, Callable[[], object]] = field(default_factory=dict)
@@ -76,10 +75,7 @@ def build_saga(behaviour: Behaviour, checkpointer: Any) -> Any:
                     raise RuntimeError(f"{name} is broken")
                 if behaviour.outage[name] > 0:
                     behaviour.outage[name] -= 1
-                    raise CircuitOpenError("hotel_api", 30.0)
-                if behaviour.peer_outage[name] > 0:
-                    behaviour.peer_outage[name] -= 1
-                    raise A2ASkillError("provider_unavailable", "payment_api is unavailable (circuit open)")
+                    raise behaviour.outage_error()
             finally:
                 behaviour.concurrent -= 1
             if name in behaviour.after:
@@ -268,8 +264,24 @@ async def test_failing_resumes_retry_with_backoff_then_compensate_and_dead_lette
     assert (await harness.queue.stats())["dead_lettered_total"] == 1
 
 
-async def test_attempts_that_meet_an_outage_do_not_count_toward_the_dlq(harness: Harness) -> None:
-    harness.behaviour.outage["b"] = 5  # more than max_attempts: an open circuit for a while
+OUTAGES = pytest.mark.parametrize(
+    "outage",
+    [
+        lambda: CircuitOpenError("hotel_api", 30.0),
+        # payment-agent answers its open breaker as a business error (so callers do not retry into it); for the
+        # consumer it is still an outage, waited out, not three quick attempts and a DLQ entry
+        lambda: A2ASkillError("provider_unavailable", "payment_api is unavailable (circuit open)"),
+    ],
+    ids=["open circuit", "a peer's provider down"],
+)
+
+
+@OUTAGES
+async def test_attempts_that_meet_an_outage_do_not_count_toward_the_dlq(
+    harness: Harness, outage: Callable[[], Exception]
+) -> None:
+    harness.behaviour.outage_error = outage
+    harness.behaviour.outage["b"] = 5  # more than max_attempts: an outage for a while
     await harness.orphan("order-outage")
 
     outcome = await harness.process_next(harness.consumer(outage_backoff=RetryConfig(base_delay=1.0, max_delay=30.0)))
@@ -280,36 +292,6 @@ async def test_attempts_that_meet_an_outage_do_not_count_toward_the_dlq(harness:
     record = await harness.runs.get("order-outage")
     assert record is not None and record.status is RunStatus.DONE and record.attempts == 1
     assert await harness.dlq.get("order-outage") is None
-
-
-async def test_a_peer_reporting_its_provider_down_is_an_outage_too(harness: Harness) -> None:
-    # payment-agent answers its open breaker as a business error (so callers do not retry into it); for the consumer
-    # it is still an outage, waited out, not three quick attempts and a DLQ entry
-    harness.behaviour.peer_outage["b"] = 5
-    await harness.orphan("order-peer-outage")
-
-    outcome = await harness.process_next(harness.consumer(outage_backoff=RetryConfig(base_delay=1.0, max_delay=30.0)))
-
-    assert outcome is RecoveryOutcome.RECOVERED
-    assert harness.behaviour.runs["b"] == 6 and harness.behaviour.runs["compensate"] == 0
-    record = await harness.runs.get("order-peer-outage")
-    assert record is not None and record.status is RunStatus.DONE and record.attempts == 1
-    assert await harness.dlq.get("order-peer-outage") is None
-
-
-async def test_a_compensation_whose_peer_reports_its_provider_down_is_retried_until_done(harness: Harness) -> None:
-    harness.behaviour.fail.add("b")
-    harness.behaviour.peer_outage["compensate"] = 4  # the refund: payment-agent's breaker on payment-api is open
-    await harness.orphan("order-peer-refund-later")
-
-    outcome = await harness.process_next(harness.consumer())
-
-    assert outcome is RecoveryOutcome.COMPENSATED
-    assert harness.behaviour.runs["compensate"] == 5
-    state = await harness.state("order-peer-refund-later")
-    assert state.next == () and state.values["status"] == "failed"
-    record = await harness.runs.get("order-peer-refund-later")
-    assert record is not None and record.status is RunStatus.DONE
 
 
 async def test_an_outage_past_its_horizon_counts_like_any_failure(harness: Harness) -> None:
@@ -323,7 +305,11 @@ async def test_an_outage_past_its_horizon_counts_like_any_failure(harness: Harne
     assert (await harness.dlq.get("order-long-outage")) is not None
 
 
-async def test_a_compensation_that_meets_an_outage_is_retried_until_done_not_dead_lettered(harness: Harness) -> None:
+@OUTAGES
+async def test_a_compensation_that_meets_an_outage_is_retried_until_done_not_dead_lettered(
+    harness: Harness, outage: Callable[[], Exception]
+) -> None:
+    harness.behaviour.outage_error = outage
     harness.behaviour.fail.add("b")
     harness.behaviour.outage["compensate"] = 4  # the refund's provider is down when recovery gives up
     await harness.orphan("order-refund-later")
