@@ -132,8 +132,7 @@ class JournalWriter:
             dropped = len(self._pending) - MAX_PENDING
             del self._pending[:dropped]
             logger.warning("journal: Redis is not keeping up; dropped the %d oldest queued entries", dropped)
-        if self._drain is None or self._drain.done():
-            self._drain = asyncio.get_running_loop().create_task(self._write_all(), name="journal-writer")
+        self._start_drain()
 
     async def flush(self) -> None:
         """Wait until every entry recorded so far is written (or its write failed, which is logged)."""
@@ -160,8 +159,11 @@ class JournalWriter:
         """Queue again, first, entries ``take`` handed over whose script then failed: they are not lost with it."""
         if entries:
             self._pending[:0] = [(booking_id, entry) for entry in entries]
-            if self._drain is None or self._drain.done():
-                self._drain = asyncio.get_running_loop().create_task(self._write_all(), name="journal-writer")
+            self._start_drain()
+
+    def _start_drain(self) -> None:
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_task(self._write_all(), name="journal-writer")
 
     async def _write_all(self) -> None:
         while self._pending:
