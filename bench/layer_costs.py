@@ -18,6 +18,9 @@ FastAPI→FastAPI hops, two direct client requests, the checkpoint writes the da
 many times the parts the booking takes with that layer gone: the question is whether the issue's bound (2×) is
 reachable by removing any of them, or all of them at once (``all``).
 
+``--variants control`` runs the same code on both sides (an A/A run): whatever it reads is the method's own
+difference, the floor under every row's.
+
 Prints a markdown table and writes ``bench/results/layer_costs.json``.
 """
 
@@ -160,11 +163,15 @@ VARIANTS: tuple[Variant, ...] = (
     ),
 )
 ALL = "all"
+CONTROL = "control"
+"""The copy unchanged (an A/A run): what the method itself reads as a difference, the floor under any row."""
 
 
 def variant_edits(name: str) -> tuple[Edit, ...]:
     if name == ALL:
         return tuple(edit for variant in VARIANTS for edit in variant.edits)
+    if name == CONTROL:
+        return ()
     return next(v.edits for v in VARIANTS if v.name == name)
 
 
@@ -295,13 +302,16 @@ def report(rows: list[dict[str, Any]], parts: dict[str, Any]) -> None:
     for variant in VARIANTS:
         print(f"- {variant.name}: {variant.removes}")
     print(f"- {ALL}: every layer above at once")
+    print(f"- {CONTROL}: nothing (the same code on both sides: the method's own difference)")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    names = [v.name for v in VARIANTS] + [ALL]
+    names = [v.name for v in VARIANTS] + [ALL, CONTROL]
     parser = argparse.ArgumentParser(prog="python -m bench.layer_costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bookings", type=int, default=400, help="bookings per side and variant (default 400)")
-    parser.add_argument("--variants", default=",".join(names), help=f"comma-separated, of {', '.join(names)}")
+    parser.add_argument(
+        "--variants", default=",".join(names[:-1]), help=f"comma-separated, of {', '.join(names)} (all but control)"
+    )
     parser.add_argument("--block", type=int, default=25, help="bookings per stack before switching (default 25)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))

@@ -39,3 +39,11 @@ def test_an_edit_that_no_longer_matches_stops_the_bench_naming_it(layer_costs: M
     stale = layer_costs.Edit("graph/idempotency.py", "text that is not in the code\n", "")
     with pytest.raises(SystemExit, match=r"graph/idempotency\.py: the text this variant replaces is found 0 times"):
         layer_costs.make_tree(tmp_path, (stale,))
+
+
+def test_the_control_variant_copies_the_code_unchanged(layer_costs: ModuleType, tmp_path: Path) -> None:
+    assert layer_costs.variant_edits(layer_costs.CONTROL) == ()
+    layer_costs.make_tree(tmp_path, layer_costs.variant_edits(layer_costs.CONTROL))
+    assert (tmp_path / "infra/journal.py").read_text() == (REPO / "infra/journal.py").read_text()
+    assert layer_costs.CONTROL not in layer_costs.parse_args([]).variants  # opt-in: it prices no layer
+    assert layer_costs.parse_args(["--variants", "control"]).variants == ["control"]
