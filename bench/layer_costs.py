@@ -27,8 +27,10 @@ Prints a markdown table and writes ``bench/results/layer_costs.json``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,6 +74,34 @@ class Variant:
     name: str
     removes: str
     edits: tuple[Edit, ...]
+    switched: tuple[Edit, ...] | None = None
+    """``--one-stack``: the same layer put behind ``bench_switch.OFF`` in the copy instead of cut out of it."""
+
+
+SWITCH_MODULE = '''"""Written into the bench's copy only (bench/layer_costs.py --one-stack): one stack runs with and without a layer.
+
+SIGUSR1 makes the process read whether the layer is off: off while the file BENCH_LAYER_OFF_FILE exists.
+"""
+
+import os
+import signal
+
+_FILE = os.environ.get("BENCH_LAYER_OFF_FILE", "")
+OFF = False
+
+
+def _read(signum: object = None, frame: object = None) -> None:
+    global OFF
+    OFF = bool(_FILE) and os.path.exists(_FILE)
+
+
+_read()
+signal.signal(signal.SIGUSR1, _read)
+'''
+SWITCH_IMPORT = Edit(
+    "infra/__init__.py", "__all__: list[str] = []\n", "import bench_switch\n\n__all__: list[str] = []\n"
+)
+"""Every service imports ``infra``: each one installs the switch's handler before its first request."""
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -155,6 +185,52 @@ VARIANTS: tuple[Variant, ...] = (
                 "",
             ),
         ),
+        switched=(
+            Edit(
+                "infra/journal.py",
+                "    scope = _scope.get()\n    if scope is None or _writer is None:\n        return\n",
+                "    scope = _scope.get()\n    if scope is None or _writer is None or bench_switch.OFF:\n        return\n",
+            ),
+            Edit(
+                "infra/journal.py",
+                "        self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))\n",
+                "        if bench_switch.OFF:\n            return\n"
+                "        self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))\n",
+            ),
+            Edit("infra/journal.py", "import asyncio\n", "import asyncio\n\nimport bench_switch\n"),
+            # the booking scripts append an entry only when they are given one
+            # the final status's lines first: once indented, the create script's would match them too
+            Edit(
+                "infra/bookings.py",
+                "  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])\n"
+                "  redis.call('EXPIRE', KEYS[3], ARGV[4])\n",
+                "  if ARGV[2] ~= '' then\n"
+                "    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])\n"
+                "    redis.call('EXPIRE', KEYS[3], ARGV[4])\n"
+                "  end\n",
+            ),
+            Edit(
+                "infra/bookings.py",
+                "\nredis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])\n"
+                "redis.call('EXPIRE', KEYS[3], ARGV[4])\n",
+                "\nif ARGV[2] ~= '' then\n"
+                "  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])\n"
+                "  redis.call('EXPIRE', KEYS[3], ARGV[4])\n"
+                "end\n",
+            ),
+            Edit(
+                "infra/bookings.py",
+                "        accepted = encode_entry(\n",
+                '        accepted = "" if bench_switch.OFF else encode_entry(\n',
+            ),
+            Edit(
+                "infra/bookings.py",
+                "        entry = encode_entry(str(status), instance_id(), _final_fields(fields), at=now)\n",
+                '        entry = "" if bench_switch.OFF else '
+                "encode_entry(str(status), instance_id(), _final_fields(fields), at=now)\n",
+            ),
+            Edit("infra/bookings.py", "import time\n", "import time\n\nimport bench_switch\n"),
+        ),
     ),
     Variant(
         "values-stream",
@@ -173,6 +249,22 @@ def variant_edits(name: str) -> tuple[Edit, ...]:
     if name == CONTROL:
         return ()
     return next(v.edits for v in VARIANTS if v.name == name)
+
+
+def switched_edits(name: str) -> tuple[Edit, ...]:
+    """``--one-stack``: the edits that put variant ``name``'s layer behind the switch (control: none)."""
+    if name == CONTROL:
+        return ()
+    edits = next((v.switched for v in VARIANTS if v.name == name), None)
+    if edits is None:
+        raise SystemExit(f"--one-stack: variant {name!r} has no switched form; run it on two stacks")
+    return edits
+
+
+def make_switched_tree(dest: Path, edits: Sequence[Edit]) -> None:
+    """``make_tree`` plus the switch module, which every service imports (a SIGUSR1 would kill one that did not)."""
+    make_tree(dest, (SWITCH_IMPORT, *edits))
+    (dest / "bench_switch.py").write_text(SWITCH_MODULE)
 
 
 def make_tree(dest: Path, edits: Sequence[Edit]) -> None:
@@ -231,6 +323,64 @@ async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, se
                 cpu_before = sum(cpu_seconds(pid) for pid in pids)
                 booked, latencies = await book(clients[side], block, factory)
                 cpu_s[side] += sum(cpu_seconds(pid) for pid in pids) - cpu_before
+                times[side].extend(latencies)
+                block_p50[side].append(statistics.median(latencies))
+                if side == 0:
+                    ids.extend(booked)
+    diffs = [v - b for b, v in zip(*block_p50, strict=True)]
+    return {
+        "baseline_p50_ms": statistics.median(times[0]) * 1000,
+        "variant_p50_ms": statistics.median(times[1]) * 1000,
+        "paired_diff_p50_ms": statistics.median(diffs) * 1000,
+        "baseline_cpu_ms": cpu_s[0] * 1000 / len(times[0]),
+        "variant_cpu_ms": cpu_s[1] * 1000 / len(times[1]),
+        "blocks": len(diffs),
+        "baseline_booking_ids": ids[:20],
+    }
+
+
+async def compare_switched(
+    stack: Stack, off_file: Path, bookings: int, block: int, seed: int, *, switches_journal: bool
+) -> dict[str, Any]:
+    """As ``compare``, on one stack whose layer is switched off and on between blocks (``--one-stack``).
+
+    Two stacks differ by more than one layer: the same code on both reads a few milliseconds apart for the whole run
+    (``--variants control``), different from run to run, which no alternation of blocks cancels. The same processes
+    with the layer on and off have no such difference. The switch is flipped, then one untimed booking runs, then
+    the block; the block's last booking's journal shows the switch was where it was meant to be.
+    """
+    factory = BookingFactory(seed)
+    pids = [p.pid for p in stack.services.values()]
+    cpu_s = [0.0, 0.0]
+    times: tuple[list[float], list[float]] = ([], [])
+    block_p50: tuple[list[float], list[float]] = ([], [])
+    ids: list[str] = []
+
+    def switch(off: bool) -> None:
+        if off:
+            off_file.touch()
+        else:
+            off_file.unlink(missing_ok=True)
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
+
+    async with httpx.AsyncClient(base_url=stack.url("booking-agent"), timeout=60) as http:
+        for off in (False, True):  # warm-up: pools, caches, the first checkpoints, both ways
+            switch(off)
+            await book(http, 25, factory)
+        for i in range(max(1, bookings // block)):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                switch(side == 1)
+                await book(http, 1, factory)  # untimed: every process has read the switch by its end
+                cpu_before = sum(cpu_seconds(pid) for pid in pids)
+                booked, latencies = await book(http, block, factory)
+                cpu_s[side] += sum(cpu_seconds(pid) for pid in pids) - cpu_before
+                journal = (await http.get(f"/bookings/{booked[-1]}/events")).json()["events"]
+                if bool(journal) != (side == 0 or not switches_journal):
+                    state = "off" if side else "on"
+                    raise RuntimeError(
+                        f"the switch did not take: {len(journal)} journal entries with the layer {state}"
+                    )
                 times[side].extend(latencies)
                 block_p50[side].append(statistics.median(latencies))
                 if side == 0:
@@ -313,6 +463,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--variants", default=",".join(names[:-1]), help=f"comma-separated, of {', '.join(names)} (all but control)"
     )
     parser.add_argument("--block", type=int, default=25, help="bookings per stack before switching (default 25)")
+    parser.add_argument(
+        "--one-stack",
+        action="store_true",
+        help="one stack per variant with its layer switched off and on between blocks, instead of two stacks "
+        "(journal and control only)",
+    )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -321,15 +477,51 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.variants) - set(names))
     if unknown or not args.variants:
         parser.error(f"--variants: unknown {unknown}; choose from {names}")
+    if args.one_stack:
+        switched = {v.name: v.switched for v in VARIANTS}
+        unswitched = [n for n in args.variants if n != CONTROL and switched.get(n) is None]
+        if unswitched:
+            parser.error(f"--one-stack: {unswitched} have no switched form (journal and control have)")
     if args.block < 1 or args.bookings < 2 * args.block:
         parser.error("--bookings must be at least two --block's worth, and --block at least 1")
     return args
+
+
+def run_one_stack(args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> tuple[list[dict[str, Any]], Any]:
+    """Each variant on a stack of its own, its layer switched off and on between blocks."""
+    rows: list[dict[str, Any]] = []
+    parts: dict[str, Any] = {}
+    for name in args.variants:
+        with tempfile.TemporaryDirectory(prefix=f"concierge-{name}-") as tree:
+            make_switched_tree(Path(tree), switched_edits(name))
+            off_file = Path(tree) / "layer-off"
+            env = {"PYTHONPATH": tree, "BENCH_LAYER_OFF_FILE": str(off_file)}
+            print(f"[layer_costs] {name}: starting its stack (one stack, switched)", file=sys.stderr, flush=True)
+            with service_stack(redis_url=args.redis_url, env=env) as stack:
+                result = loop.run_until_complete(
+                    compare_switched(
+                        stack, off_file, args.bookings, args.block, args.seed, switches_journal=name == "journal"
+                    )
+                )
+                if not parts:
+                    parts = loop.run_until_complete(price_parts(stack, result["baseline_booking_ids"]))
+        rows.append({"variant": name, "bookings": args.bookings, "one_stack": True, **result})
+        print(f"[layer_costs] {name}: {result['paired_diff_p50_ms']:+.2f} ms", file=sys.stderr, flush=True)
+    return rows, parts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     loop = new_event_loop()
     rows: list[dict[str, Any]] = []
+    if args.one_stack:
+        try:
+            rows, parts = run_one_stack(args, loop)
+        finally:
+            loop.close()
+        report(rows, parts)
+        write_results(args.output, {"machine": machine(), "parts": parts, "variants": rows})
+        return 0
     try:
         with contextlib.ExitStack() as cleanup:
             baseline = cleanup.enter_context(service_stack(redis_url=args.redis_url))

@@ -47,3 +47,23 @@ def test_the_control_variant_copies_the_code_unchanged(layer_costs: ModuleType, 
     assert (tmp_path / "infra/journal.py").read_text() == (REPO / "infra/journal.py").read_text()
     assert layer_costs.CONTROL not in layer_costs.parse_args([]).variants  # opt-in: it prices no layer
     assert layer_costs.parse_args(["--variants", "control"]).variants == ["control"]
+
+
+@pytest.mark.parametrize("name", ["journal", "control"])
+def test_a_switched_tree_applies_and_compiles(layer_costs: ModuleType, tmp_path: Path, name: str) -> None:
+    edits = layer_costs.switched_edits(name)
+    layer_costs.make_switched_tree(tmp_path, edits)
+    for path in sorted({edit.path for edit in (layer_costs.SWITCH_IMPORT, *edits)}):
+        source = (tmp_path / path).read_text()
+        assert "import bench_switch" in source, f"{path} does not read the switch"
+        compile(source, path, "exec")
+    compile((tmp_path / "bench_switch.py").read_text(), "bench_switch.py", "exec")
+    if name == "journal":
+        bookings = (tmp_path / "infra/bookings.py").read_text()
+        assert bookings.count("if ARGV[2] ~= '' then") == 2, "both booking scripts append only what they are given"
+
+
+def test_one_stack_takes_only_variants_with_a_switched_form(layer_costs: ModuleType) -> None:
+    assert layer_costs.parse_args(["--one-stack", "--variants", "journal,control"]).one_stack
+    with pytest.raises(SystemExit):
+        layer_costs.parse_args(["--one-stack", "--variants", "tracing"])
