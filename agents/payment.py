@@ -70,9 +70,10 @@ def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
 async def _run(operation: str, state: dict[str, Any]) -> dict[str, Any]:
     config = {"configurable": {"thread_id": payment_thread_id(state["reference"], operation)}}
     # the calls to payment-api go in the booking's journal (the reference is the booking id), written before we
-    # answer so they come before the booking's next step; this graph's own steps are not the booking's
+    # answer so they come before the booking's next step: sent as they happen (eager), so the write overlaps the
+    # node's own record and checkpoint and the flush below rarely waits; this graph's own steps are not the booking's
     try:
-        with journal_scope(state["reference"], steps=False):
+        with journal_scope(state["reference"], steps=False, eager=True):
             result: dict[str, Any] = await app.state.payment_graph.ainvoke(
                 {**state, "operation": operation}, config, durability="sync"
             )

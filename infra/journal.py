@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -89,23 +90,34 @@ return n
 """)
 
 
+# A booking writes about 25 entries, each on its step's path: encoding one is kept to a few microseconds (the
+# second's text is formatted once per second, a field name is judged once, one encoder serves every entry).
+_second: tuple[int, str] = (-1, "")
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def iso_now(epoch: float | None = None) -> str:
+    global _second
     now = time.time() if epoch is None else epoch
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    whole = int(now)
+    if _second[0] != whole:
+        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{_second[1]}.{int((now - whole) * 1000):03d}Z"
+
+
+@functools.cache
+def _is_secret(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
 
 
 def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        name: value
-        for name, value in fields.items()
-        if value is not None and not any(word in name.lower() for word in _SECRET_WORDS)
-    }
+    return {name: value for name, value in fields.items() if value is not None and not _is_secret(name)}
 
 
 def encode_entry(kind: JournalKind | str, instance: str, fields: Mapping[str, Any], at: float | None = None) -> str:
     """The JSON of one entry (also what the booking scripts append for ``accepted`` and the final kinds)."""
-    entry = {"kind": str(kind), "at": iso_now(at), "instance": instance, **_clean(fields)}
-    return json.dumps(entry, separators=(",", ":"), default=str)
+    return _ENCODER.encode({"kind": str(kind), "at": iso_now(at), "instance": instance, **_clean(fields)})
 
 
 class JournalWriter:
@@ -133,6 +145,11 @@ class JournalWriter:
             del self._pending[:dropped]
             logger.warning("journal: Redis is not keeping up; dropped the %d oldest queued entries", dropped)
         self._start_drain()
+
+    def send_now(self) -> None:
+        """Send what is queued without waiting out the batching window (nothing is waited for here)."""
+        if self._drain is not None and not self._drain.done():
+            self._now.set()
 
     async def flush(self) -> None:
         """Wait until every entry recorded so far is written (or its write failed, which is logged)."""
@@ -230,15 +247,20 @@ class JournalScope:
     """Whether graph steps run here are the booking's own (not in payment-agent, which runs a graph of its own)."""
     attempts: dict[str, int] = field(default_factory=dict)
     """Starts of each step in this scope (a step run again after a pause is attempt 2)."""
+    eager: bool = False
+    """Send each entry at once, without the batching window: for a process that must have them written before it
+    answers (payment-agent), so the write runs while the step still works instead of after it."""
 
 
 _scope: ContextVar[JournalScope | None] = ContextVar("concierge_journal_scope", default=None)
 
 
 @contextlib.contextmanager
-def journal_scope(booking_id: str, *, fence: int | None = None, steps: bool = True) -> Iterator[JournalScope]:
+def journal_scope(
+    booking_id: str, *, fence: int | None = None, steps: bool = True, eager: bool = False
+) -> Iterator[JournalScope]:
     """``note`` writes into ``booking_id``'s journal inside this block (tasks started in it inherit it)."""
-    scope = JournalScope(booking_id, fence, steps)
+    scope = JournalScope(booking_id, fence, steps, eager=eager)
     token = _scope.set(scope)
     try:
         yield scope
@@ -258,6 +280,8 @@ def note(kind: JournalKind | str, **fields: Any) -> None:
     if scope.fence is not None:
         fields.setdefault("fence", scope.fence)
     _writer.record(scope.booking_id, kind, **fields)
+    if scope.eager:
+        _writer.send_now()
 
 
 async def flush() -> None:

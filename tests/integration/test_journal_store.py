@@ -177,3 +177,31 @@ async def test_entries_taken_by_a_final_status_that_failed_are_queued_again(
     assert [e["kind"] for e in await read_journal(redis, "b-back")] == ["accepted", "step_started"]
     assert await store.finalize("b-back", "confirmed") == ("confirmed", True)
     assert [e["kind"] for e in await read_journal(redis, "b-back")] == ["accepted", "step_started", "confirmed"]
+
+
+async def test_an_eager_scope_sends_its_entries_at_once_and_an_ordinary_one_waits_out_the_window(
+    redis: Any, writer: JournalWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal, "BATCH_WINDOW_S", 3600)  # a window no test outlasts: only eager entries go now
+    store = BookingStore(redis)
+    for booking in ("b-eager", "b-batched"):
+        assert await store.create(booking, REQUEST)
+    with journal_scope("b-batched"):
+        note(JournalKind.CALL, dependency="hotel_api")
+    await asyncio.sleep(0)  # the writer starts and waits out its window
+    with journal_scope("b-eager", steps=False, eager=True):
+        note(JournalKind.CALL, dependency="payment_api")
+    # nobody flushes: the eager entry goes on its own (cutting the window short for what was queued before it)
+    for _ in range(500):
+        if len(await read_journal(redis, "b-eager")) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert [e["kind"] for e in await read_journal(redis, "b-eager")] == ["accepted", "call"]
+    assert [e["kind"] for e in await read_journal(redis, "b-batched")] == ["accepted", "call"]
+
+    with journal_scope("b-batched"):
+        note(JournalKind.STEP_STARTED, step="confirm")
+    await asyncio.sleep(0.2)
+    assert len(await read_journal(redis, "b-batched")) == 2, "an ordinary entry waits for the window or a flush"
+    await writer.flush()
+    assert [e["kind"] for e in await read_journal(redis, "b-batched")] == ["accepted", "call", "step_started"]
