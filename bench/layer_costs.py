@@ -104,6 +104,10 @@ SWITCH_IMPORT = Edit(
 """Every service imports ``infra``: each one installs the switch's handler before its first request."""
 
 
+def _reads_switch(path: str, after: str = "import asyncio\n") -> Edit:
+    return Edit(path, after, f"{after}\nimport bench_switch\n")
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "tracing",
@@ -118,11 +122,35 @@ VARIANTS: tuple[Variant, ...] = (
                 "    )\n",
             ),
         ),
+        switched=(
+            Edit(
+                "infra/telemetry.py",
+                '    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))\n',
+                "    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, DEFAULT_ON, Sampler\n\n"
+                "    class _Switched(Sampler):\n"
+                "        def should_sample(self, *args: Any, **kwargs: Any) -> Any:\n"
+                "            return (ALWAYS_OFF if bench_switch.OFF else DEFAULT_ON).should_sample(*args, **kwargs)\n\n"
+                "        def get_description(self) -> str:\n"
+                '            return "switched"\n\n'
+                "    provider = TracerProvider(\n"
+                '        resource=Resource.create({"service.name": service_name}), sampler=_Switched()\n'
+                "    )\n",
+            ),
+            _reads_switch("infra/telemetry.py", "import json\n"),
+        ),
     ),
     Variant(
         "fence",
         "the lease check before each side effect (one Redis round trip per side-effect node in booking-agent)",
         (Edit("graph/idempotency.py", "                check = _fence.get()\n", "                check = None\n"),),
+        switched=(
+            Edit(
+                "graph/idempotency.py",
+                "                check = _fence.get()\n",
+                "                check = None if bench_switch.OFF else _fence.get()\n",
+            ),
+            _reads_switch("graph/idempotency.py"),
+        ),
     ),
     Variant(
         "fault-reads",
@@ -134,11 +162,27 @@ VARIANTS: tuple[Variant, ...] = (
                 "        faults = NO_FAULTS\n",
             ),
         ),
+        switched=(
+            Edit(
+                "providers/faults.py",
+                "        faults = await load_faults(request.app.state.redis, self.provider)\n",
+                "        faults = NO_FAULTS if bench_switch.OFF else await load_faults(request.app.state.redis, self.provider)\n",
+            ),
+            _reads_switch("providers/faults.py"),
+        ),
     ),
     Variant(
         "progress",
         "the statuses between pending and the outcome (searching, reserving, paying, confirming)",
         (Edit("graph/booking.py", '    deps.bookings.report(state["booking_id"], status)\n', "    return None\n"),),
+        switched=(
+            Edit(
+                "graph/booking.py",
+                '    deps.bookings.report(state["booking_id"], status)\n',
+                '    if not bench_switch.OFF:\n        deps.bookings.report(state["booking_id"], status)\n',
+            ),
+            _reads_switch("graph/booking.py"),
+        ),
     ),
     Variant(
         "idempotency-records",
@@ -155,6 +199,22 @@ VARIANTS: tuple[Variant, ...] = (
                 "        return await self._complete(client, record, token, payload, ttl_s, span)\n",
                 "        return json.loads(payload)\n",
             ),
+        ),
+        switched=(
+            Edit(
+                "graph/idempotency.py",
+                "        stored, waited = await self._claim_or_wait(client, record, token, "
+                "max(1, math.ceil(lease_s * 1000)))\n",
+                "        stored, waited = (None, False) if bench_switch.OFF else await self._claim_or_wait(client, record, token, "
+                "max(1, math.ceil(lease_s * 1000)))\n",
+            ),
+            Edit(
+                "graph/idempotency.py",
+                "        return await self._complete(client, record, token, payload, ttl_s, span)\n",
+                "        if bench_switch.OFF:\n            return json.loads(payload)\n"
+                "        return await self._complete(client, record, token, payload, ttl_s, span)\n",
+            ),
+            _reads_switch("graph/idempotency.py"),
         ),
     ),
     Variant(
@@ -197,7 +257,7 @@ VARIANTS: tuple[Variant, ...] = (
                 "        if bench_switch.OFF:\n            return\n"
                 "        self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))\n",
             ),
-            Edit("infra/journal.py", "import asyncio\n", "import asyncio\n\nimport bench_switch\n"),
+            _reads_switch("infra/journal.py"),
             # the booking scripts append an entry only when they are given one
             # the final status's lines first: once indented, the create script's would match them too
             Edit(
@@ -229,13 +289,21 @@ VARIANTS: tuple[Variant, ...] = (
                 '        entry = "" if bench_switch.OFF else '
                 "encode_entry(str(status), instance_id(), _final_fields(fields), at=now)\n",
             ),
-            Edit("infra/bookings.py", "import time\n", "import time\n\nimport bench_switch\n"),
+            _reads_switch("infra/bookings.py", "import time\n"),
         ),
     ),
     Variant(
         "values-stream",
         "the runner's `values` stream (the final state it hands back)",
         (Edit("runs/runner.py", 'stream_mode=["updates", "values"]', 'stream_mode=["updates"]'),),
+        switched=(
+            Edit(
+                "runs/runner.py",
+                'stream_mode=["updates", "values"]',
+                'stream_mode=["updates"] if bench_switch.OFF else ["updates", "values"]',
+            ),
+            _reads_switch("runs/runner.py"),
+        ),
     ),
 )
 ALL = "all"
@@ -255,6 +323,8 @@ def switched_edits(name: str) -> tuple[Edit, ...]:
     """``--one-stack``: the edits that put variant ``name``'s layer behind the switch (control: none)."""
     if name == CONTROL:
         return ()
+    if name == ALL:  # a file two layers edit reads the switch once
+        return tuple(dict.fromkeys(edit for variant in VARIANTS for edit in variant.switched or ()))
     edits = next((v.switched for v in VARIANTS if v.name == name), None)
     if edits is None:
         raise SystemExit(f"--one-stack: variant {name!r} has no switched form; run it on two stacks")
@@ -467,7 +537,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--one-stack",
         action="store_true",
         help="one stack per variant with its layer switched off and on between blocks, instead of two stacks "
-        "(journal and control only)",
+        "(the way to measure a layer's cost below a few milliseconds: see compare_switched)",
     )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -479,9 +549,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--variants: unknown {unknown}; choose from {names}")
     if args.one_stack:
         switched = {v.name: v.switched for v in VARIANTS}
-        unswitched = [n for n in args.variants if n != CONTROL and switched.get(n) is None]
+        unswitched = [n for n in args.variants if n not in (CONTROL, ALL) and switched.get(n) is None]
         if unswitched:
-            parser.error(f"--one-stack: {unswitched} have no switched form (journal and control have)")
+            parser.error(f"--one-stack: {unswitched} have no switched form")
     if args.block < 1 or args.bookings < 2 * args.block:
         parser.error("--bookings must be at least two --block's worth, and --block at least 1")
     return args
@@ -500,7 +570,7 @@ def run_one_stack(args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> 
             with service_stack(redis_url=args.redis_url, env=env) as stack:
                 result = loop.run_until_complete(
                     compare_switched(
-                        stack, off_file, args.bookings, args.block, args.seed, switches_journal=name == "journal"
+                        stack, off_file, args.bookings, args.block, args.seed, switches_journal=name in ("journal", ALL)
                     )
                 )
                 if not parts:

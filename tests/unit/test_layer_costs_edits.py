@@ -49,7 +49,14 @@ def test_the_control_variant_copies_the_code_unchanged(layer_costs: ModuleType, 
     assert layer_costs.parse_args(["--variants", "control"]).variants == ["control"]
 
 
-@pytest.mark.parametrize("name", ["journal", "control"])
+SWITCHED = ["tracing", "fence", "fault-reads", "progress", "idempotency-records", "journal", "values-stream"]
+
+
+def test_every_layer_has_a_switched_form(layer_costs: ModuleType) -> None:
+    assert [v.name for v in layer_costs.VARIANTS if v.switched] == SWITCHED
+
+
+@pytest.mark.parametrize("name", [*SWITCHED, "all", "control"])
 def test_a_switched_tree_applies_and_compiles(layer_costs: ModuleType, tmp_path: Path, name: str) -> None:
     edits = layer_costs.switched_edits(name)
     layer_costs.make_switched_tree(tmp_path, edits)
@@ -58,12 +65,15 @@ def test_a_switched_tree_applies_and_compiles(layer_costs: ModuleType, tmp_path:
         assert "import bench_switch" in source, f"{path} does not read the switch"
         compile(source, path, "exec")
     compile((tmp_path / "bench_switch.py").read_text(), "bench_switch.py", "exec")
-    if name == "journal":
+    if name in ("journal", "all"):
         bookings = (tmp_path / "infra/bookings.py").read_text()
         assert bookings.count("if ARGV[2] ~= '' then") == 2, "both booking scripts append only what they are given"
 
 
 def test_one_stack_takes_only_variants_with_a_switched_form(layer_costs: ModuleType) -> None:
-    assert layer_costs.parse_args(["--one-stack", "--variants", "journal,control"]).one_stack
-    with pytest.raises(SystemExit):
-        layer_costs.parse_args(["--one-stack", "--variants", "tracing"])
+    assert layer_costs.parse_args(["--one-stack", "--variants", "journal,all,control"]).one_stack
+    stale = layer_costs.Variant("unswitched", "a layer without a switched form", ())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layer_costs, "VARIANTS", (*layer_costs.VARIANTS, stale))
+        with pytest.raises(SystemExit):
+            layer_costs.parse_args(["--one-stack", "--variants", "unswitched"])
