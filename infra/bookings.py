@@ -83,13 +83,18 @@ return 1
 # also appends the journal's final entry (in the same step, so exactly one, whichever process gets there first) and
 # answers with the whole record, which the long-polls waiting here return without reading it again. A final
 # ``failed`` of a booking whose cancel was requested is written ``cancelled`` (its journal entry too): the cancel
-# asked for exactly that end. The writing process's entries of this booking not sent yet come along and go first.
+# asked for exactly that end. Every update, progress or final, carries the writing process's entries of this booking
+# not sent yet (they go first): a booking's entries ride on the status writes it makes anyway.
 # KEYS: booking, inflight, journal | ARGV: final ('1'/'0'), final entry, journal max len, ttl_s, n, n entries, fields...
 _UPDATE = RedisScript("""
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-1} end
 if status == 'confirmed' or status == 'failed' or status == 'cancelled' then return {0, status} end
 local first = 6 + tonumber(ARGV[5])
+for i = 6, first - 1 do
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i])
+end
+if first > 6 then redis.call('EXPIRE', KEYS[3], ARGV[4]) end
 if ARGV[1] == '1' then
   local fields = {}
   local cancelled = redis.call('HEXISTS', KEYS[1], 'cancel_requested_at') == 1
@@ -106,9 +111,6 @@ if ARGV[1] == '1' then
   end
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZREM', KEYS[2], KEYS[1])
-  for i = 6, first - 1 do
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i])
-  end
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
   redis.call('EXPIRE', KEYS[3], ARGV[4])
   return {1, redis.call('HGETALL', KEYS[1])}
@@ -237,11 +239,16 @@ class BookingStore:
         if status is not None:
             fields["status"] = status
         fields["updated_at"] = time.time()
-        reply = await _UPDATE(
-            self._redis,
-            keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
-            args=_update_args("0", "", [], fields),
-        )
+        before = await journal.take(booking_id)  # the booking's entries ride along (a progress report's round trip)
+        try:
+            reply = await _UPDATE(
+                self._redis,
+                keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+                args=_update_args("0", "", before, fields),
+            )
+        except BaseException:
+            journal.give_back(booking_id, before)
+            raise
         return int(reply[0]) == 1
 
     async def finalize(self, booking_id: str, status: BookingStatus, **fields: Any) -> tuple[str | None, bool]:
@@ -254,7 +261,7 @@ class BookingStore:
             raise ValueError(f"not a final status: {status!r}")
         fields["status"] = status
         now = fields["updated_at"] = time.time()
-        before = await journal.take(booking_id)  # this process's entries first: the final entry is the last
+        before = await journal.take(booking_id, final=True)  # this process's entries first: the final entry is last
         entry = encode_entry(str(status), instance_id(), _final_fields(fields), at=now)
         try:
             reply = await _UPDATE(

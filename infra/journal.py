@@ -4,13 +4,13 @@ Entries are JSON objects with ``kind`` (``domain.booking.JournalKind``), ``at`` 
 writer's instance id, as in lease owners) and the kind's own fields (``docs/journal.md``). The stream is bounded
 (``JOURNAL_MAX_LEN``, trimmed approximately) and expires ``JOURNAL_TTL_S`` after its last entry.
 
-Writing is cheap on purpose: ``note`` / ``JournalWriter.record`` only queue the entry; one background task per
-process sends everything queued within a few milliseconds in one script call (so a burst of entries rides on one
-round trip, in order). The
+Writing is cheap on purpose: ``note`` / ``JournalWriter.record`` only queue the entry. A booking's status writes
+(``infra.bookings``: its progress reports and its final status) take the process's queued entries of that booking
+(``take``) and append them in their own script, so most entries cost no round trip at all; one background task per
+process sends whatever is still queued ``BATCH_WINDOW_S`` after it was recorded, in one script call for the lot. The
 ``accepted`` entry and the final one (``confirmed``/``failed``/``cancelled``) are written by the booking record's
-own scripts (``infra.bookings``), atomically with the status they report; the final one also carries the process's
-entries of that booking not sent yet (``take``), and the append script refuses anything after a final status, so a
-journal always ends with its final entry. Deep code (clients, resilience hooks, graph nodes)
+own scripts, atomically with the status they report, and the append script refuses anything after a final status,
+so a journal always ends with its final entry. Deep code (clients, resilience hooks, graph nodes)
 writes through ``note`` into the booking of the current ``journal_scope``: outside one it does nothing.
 
 Secrets never go in: callers pass ids, names and outcomes only; ``record`` drops any field named like a credential.
@@ -69,9 +69,9 @@ MAX_PENDING: Final = 10_000
 MAX_BATCH: Final = 500
 """Entries per script call: a backlog (Redis was away) goes out in slices, never one long script."""
 BATCH_WINDOW_S: Final = 0.05
-"""How long the writer lets entries gather before it sends them. Long enough that most of a booking's entries in
-booking-agent are still queued when its final status takes them (``take``), short for a person watching; whoever
-needs them written now (payment-agent before it answers, a handoff, a shutdown) flushes and cuts it short."""
+"""How long an entry may wait in the queue before the writer sends it: long enough that a booking's next status
+write usually takes it first (``take``), short for a person watching; whoever needs entries written now
+(payment-agent before it answers, a handoff, a shutdown) flushes and cuts it short."""
 _SECRET_WORDS: Final = ("token", "secret", "password", "authorization", "card")
 
 # KEYS: stream₁, booking₁, stream₂, booking₂, ... | ARGV: max_len, ttl_s, entry₁, entry₂, ...
@@ -130,6 +130,8 @@ class JournalWriter:
         self.max_len = settings.journal_max_len
         self.ttl_s = settings.journal_ttl_s
         self._pending: list[tuple[str, str]] = []
+        self._since = 0.0
+        """When the queue last became non-empty (loop time): the oldest entry queued has waited since then at most."""
         self._drain: asyncio.Task[None] | None = None
         self._now = asyncio.Event()
         self._sending: frozenset[str] = frozenset()
@@ -139,6 +141,8 @@ class JournalWriter:
 
     def record(self, booking_id: str, kind: JournalKind | str, **fields: Any) -> None:
         """Queue one entry for ``booking_id``; it is written within milliseconds, in order, without waiting."""
+        if not self._pending:
+            self._since = asyncio.get_running_loop().time()
         self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))
         if len(self._pending) > MAX_PENDING:
             dropped = len(self._pending) - MAX_PENDING
@@ -160,9 +164,10 @@ class JournalWriter:
     async def take(self, booking_id: str) -> list[str]:
         """Hand over ``booking_id``'s entries not sent yet, for a script that writes them itself (in order).
 
-        The final status does this: its script appends them before the final entry, so the last entries of a
-        booking ride on the round trip the final status makes anyway instead of a flush of their own. Only a batch
-        already on its way with entries of this booking is waited for (it must land first).
+        The booking's status writes do this (a progress report, the final status): their script appends them first,
+        so a booking's entries ride on round trips it makes anyway instead of a batch of their own. Only a batch
+        already on its way with entries of this booking is waited for (it must land first). The caller writes them
+        before the next ``take`` of the same booking (progress reports are chained, the final status waits for them).
         """
         while booking_id in self._sending:
             self._sent.clear()
@@ -175,6 +180,8 @@ class JournalWriter:
     def give_back(self, booking_id: str, entries: list[str]) -> None:
         """Queue again, first, entries ``take`` handed over whose script then failed: they are not lost with it."""
         if entries:
+            if not self._pending:
+                self._since = asyncio.get_running_loop().time()
             self._pending[:0] = [(booking_id, entry) for entry in entries]
             self._start_drain()
 
@@ -183,11 +190,17 @@ class JournalWriter:
             self._drain = asyncio.get_running_loop().create_task(self._write_all(), name="journal-writer")
 
     async def _write_all(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
-            # a step's entries come in bursts (a step ends, the next starts, a call ends): one write for the burst
-            if not self._now.is_set():
+            # a step's entries come in bursts (a step ends, the next starts, a call ends): one write for the burst,
+            # unless the booking's next status write takes them first; that empties the queue, and the next entry
+            # starts a new window
+            while self._pending and not self._now.is_set():
+                left = self._since + BATCH_WINDOW_S - loop.time()
+                if left <= 0:
+                    break
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(BATCH_WINDOW_S):
+                    async with asyncio.timeout(left):
                         await self._now.wait()
             self._now.clear()
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
@@ -250,6 +263,9 @@ class JournalScope:
     eager: bool = False
     """Send each entry at once, without the batching window: for a process that must have them written before it
     answers (payment-agent), so the write runs while the step still works instead of after it."""
+    closed: bool = False
+    """The booking's final status took its entries: what this scope would note after it (the last step's
+    ``step_finished``) the journal refuses, so it is not even queued."""
 
 
 _scope: ContextVar[JournalScope | None] = ContextVar("concierge_journal_scope", default=None)
@@ -277,6 +293,8 @@ def note(kind: JournalKind | str, **fields: Any) -> None:
     scope = _scope.get()
     if scope is None or _writer is None:
         return
+    if scope.closed:
+        return
     if scope.fence is not None:
         fields.setdefault("fence", scope.fence)
     _writer.record(scope.booking_id, kind, **fields)
@@ -290,13 +308,20 @@ async def flush() -> None:
         await _writer.flush()
 
 
-async def take(booking_id: str) -> list[str]:
-    """This process's unsent entries of ``booking_id``, for the final status's script to append before its own."""
+async def take(booking_id: str, *, final: bool = False) -> list[str]:
+    """This process's unsent entries of ``booking_id``, for a status write's script to append before its own.
+
+    ``final``: the final status takes them, which closes the journal for the current scope (see ``JournalScope``).
+    """
+    if final and (scope := _scope.get()) is not None and scope.booking_id == booking_id:
+        scope.closed = True
     return await _writer.take(booking_id) if _writer is not None else []
 
 
 def give_back(booking_id: str, entries: list[str]) -> None:
-    """Queue again what ``take`` gave when the script that was to write it failed."""
+    """Queue again what ``take`` gave when the script that was to write it failed (reopening a closed scope)."""
+    if (scope := _scope.get()) is not None and scope.booking_id == booking_id:
+        scope.closed = False
     if _writer is not None:
         _writer.give_back(booking_id, entries)
 

@@ -205,3 +205,84 @@ async def test_an_eager_scope_sends_its_entries_at_once_and_an_ordinary_one_wait
     assert len(await read_journal(redis, "b-batched")) == 2, "an ordinary entry waits for the window or a flush"
     await writer.flush()
     assert [e["kind"] for e in await read_journal(redis, "b-batched")] == ["accepted", "call", "step_started"]
+
+
+async def test_progress_reports_carry_the_bookings_queued_entries(
+    redis: Any, writer: JournalWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal, "BATCH_WINDOW_S", 3600)  # only a status write can have sent them
+    appends = _CountingScript(journal._APPEND)
+    monkeypatch.setattr(journal, "_APPEND", appends)
+    store = BookingStore(redis)
+    for booking in ("b-ride", "b-else"):
+        assert await store.create(booking, REQUEST)
+    writer.record("b-else", JournalKind.CALL, dependency="hotel_api")
+    with journal_scope("b-ride", fence=2):
+        note(JournalKind.STEP_STARTED, step="search", attempt=1)
+        note(JournalKind.CALL, dependency="search-agent", outcome="ok")
+        store.report("b-ride", "searching")
+        note(JournalKind.STEP_FINISHED, step="search", attempt=1)
+        note(JournalKind.STEP_STARTED, step="reserve", attempt=1)
+        store.report("b-ride", "reserving")
+        await store.flush("b-ride")
+
+    entries = await read_journal(redis, "b-ride")
+    assert [(e["kind"], e.get("step")) for e in entries] == [
+        ("accepted", None),
+        ("step_started", "search"),
+        ("call", None),
+        ("step_finished", "search"),
+        ("step_started", "reserve"),
+    ]
+    assert (await store.get("b-ride") or {})["status"] == "reserving"
+    assert appends.calls == 0, "the entries rode on the progress reports"
+    assert [e["kind"] for e in await read_journal(redis, "b-else")] == ["accepted"], "another booking's waits"
+    await writer.flush()
+    assert [e["kind"] for e in await read_journal(redis, "b-else")] == ["accepted", "call"]
+
+
+async def test_a_run_whose_status_writes_come_within_the_window_sends_no_batch_of_its_own(
+    redis: Any, writer: JournalWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each step is far shorter than the window, the run as a whole longer: the window runs from the oldest entry
+    # still queued, so entries a report took never start the batch that would have gone out mid-run
+    monkeypatch.setattr(journal, "BATCH_WINDOW_S", 0.5)
+    appends = _CountingScript(journal._APPEND)
+    monkeypatch.setattr(journal, "_APPEND", appends)
+    store = BookingStore(redis)
+    assert await store.create("b-long", REQUEST)
+    statuses = ["searching", "reserving", "paying", "confirming"] * 3
+    with journal_scope("b-long", fence=1):
+        for n, status in enumerate(statuses):
+            note(JournalKind.STEP_STARTED, step=f"s{n}", attempt=1)
+            await asyncio.sleep(0.05)
+            store.report("b-long", status)
+            await store.flush("b-long")
+        note(JournalKind.STEP_STARTED, step="finish", attempt=1)
+        assert await store.finalize("b-long", "confirmed") == ("confirmed", True)
+        note(JournalKind.STEP_FINISHED, step="finish", attempt=1)  # after the final status: not even queued
+    await writer.flush()
+
+    kinds = [e["kind"] for e in await read_journal(redis, "b-long")]
+    assert kinds == ["accepted", *["step_started"] * (len(statuses) + 1), "confirmed"]
+    assert appends.calls == 0, f"{appends.calls} batch(es) sent besides the status writes"
+
+
+async def test_a_final_status_that_failed_reopens_the_scope_it_closed(
+    redis: Any, writer: JournalWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BookingStore(redis)
+    assert await store.create("b-reopen", REQUEST)
+
+    async def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise RedisConnectionError("Redis went away")
+
+    with journal_scope("b-reopen", fence=1):
+        with monkeypatch.context() as patch:
+            patch.setattr(bookings, "_UPDATE", unreachable)
+            with pytest.raises(RedisConnectionError):
+                await store.finalize("b-reopen", "confirmed")
+        note(JournalKind.STEP_STARTED, step="finish", attempt=2)  # the step run again after the pause
+        assert await store.finalize("b-reopen", "confirmed") == ("confirmed", True)
+    kinds = [(e["kind"], e.get("attempt")) for e in await read_journal(redis, "b-reopen")]
+    assert kinds == [("accepted", None), ("step_started", 2), ("confirmed", None)]
