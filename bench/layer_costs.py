@@ -1,6 +1,6 @@
 """What each layer around the saga costs one booking: this checkout against copies with one layer taken out.
 
-Run: ``python -m bench.layer_costs [--bookings 400] [--variants tracing,fence,...]``. For each variant the bench
+Run: ``python -m bench.layer_costs [--bookings 400] [--variants tracing,fence,...] [--one-stack]``. For each variant the bench
 copies this checkout's tracked files to a temporary directory, applies the variant's edits there (each edit must
 match the source exactly once, or the bench stops and names it), and starts two stacks side by side: the baseline
 (this checkout) and the variant (the copy first on the services' ``PYTHONPATH``, as ``bench.ab_stacks`` does). One
@@ -19,7 +19,11 @@ many times the parts the booking takes with that layer gone: the question is whe
 reachable by removing any of them, or all of them at once (``all``).
 
 ``--variants control`` runs the same code on both sides (an A/A run): whatever it reads is the method's own
-difference, the floor under every row's.
+difference, the floor under every row's. On two stacks that floor is a few milliseconds (two sets of processes
+differ for the whole run, by a different amount each run), so a cost near a millisecond is measured with
+``--one-stack``: one stack runs a copy in which the layer is behind a switch (``bench_switch.OFF``, read on SIGUSR1),
+and the blocks alternate with the layer on and off in the same processes (``compare_switched``). Every variant has
+both forms: ``edits`` cut the layer out, ``switched`` put it behind the switch.
 
 Prints a markdown table and writes ``bench/results/layer_costs.json``.
 """
