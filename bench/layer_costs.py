@@ -39,8 +39,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +370,48 @@ async def book(http: httpx.AsyncClient, count: int, factory: BookingFactory) -> 
     return result.confirmed_ids, result.confirmed_latencies_s()
 
 
+@dataclass
+class Sides:
+    """Both sides' timed blocks (0: the code as it is, 1: the layer out), as ``compare`` and ``compare_switched``
+    report them: the p50s, the median of the paired block differences, service CPU per booking."""
+
+    cpu_s: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    times: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
+    block_p50: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
+    ids: list[str] = field(default_factory=list)
+
+    async def timed_block(
+        self, side: int, http: httpx.AsyncClient, block: int, factory: BookingFactory, pids: Sequence[int]
+    ) -> list[str]:
+        """``block`` bookings on ``http``, counted for ``side``: their latencies and the services' CPU."""
+        cpu_before = sum(cpu_seconds(pid) for pid in pids)
+        booked, latencies = await book(http, block, factory)
+        self.cpu_s[side] += sum(cpu_seconds(pid) for pid in pids) - cpu_before
+        self.times[side].extend(latencies)
+        self.block_p50[side].append(statistics.median(latencies))
+        if side == 0:
+            self.ids.extend(booked)
+        return booked
+
+    def result(self) -> dict[str, Any]:
+        diffs = [v - b for b, v in zip(*self.block_p50, strict=True)]
+        return {
+            "baseline_p50_ms": statistics.median(self.times[0]) * 1000,
+            "variant_p50_ms": statistics.median(self.times[1]) * 1000,
+            "paired_diff_p50_ms": statistics.median(diffs) * 1000,
+            "baseline_cpu_ms": self.cpu_s[0] * 1000 / len(self.times[0]),
+            "variant_cpu_ms": self.cpu_s[1] * 1000 / len(self.times[1]),
+            "blocks": len(diffs),
+            "baseline_booking_ids": self.ids[:20],
+        }
+
+
+def block_order(bookings: int, block: int) -> Iterator[int]:
+    """The side of each block: pairs taking turns at going first (0 1, 1 0, 0 1, ...), so a drift hits both."""
+    for i in range(max(1, bookings // block)):
+        yield from (0, 1) if i % 2 == 0 else (1, 0)
+
+
 async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, seed: int) -> dict[str, Any]:
     """Bookings one at a time, in blocks of ``block`` on each stack in turn; latency and service CPU per booking.
 
@@ -379,10 +421,7 @@ async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, se
     """
     factory = BookingFactory(seed)
     stacks = (baseline, variant)
-    cpu_s = [0.0, 0.0]
-    times: tuple[list[float], list[float]] = ([], [])
-    block_p50: tuple[list[float], list[float]] = ([], [])
-    ids: list[str] = []
+    sides = Sides()
     async with (
         httpx.AsyncClient(base_url=baseline.url("booking-agent"), timeout=60) as baseline_http,
         httpx.AsyncClient(base_url=variant.url("booking-agent"), timeout=60) as variant_http,
@@ -390,27 +429,11 @@ async def compare(baseline: Stack, variant: Stack, bookings: int, block: int, se
         clients = (baseline_http, variant_http)
         for http in clients:  # warm-up: pools, caches, the first checkpoints of each service
             await book(http, 50, factory)
-        for i in range(max(1, bookings // block)):
-            for side in (0, 1) if i % 2 == 0 else (1, 0):
-                await book(clients[side], 1, factory)  # untimed: refills the caches the other stack used
-                pids = [p.pid for p in stacks[side].services.values()]
-                cpu_before = sum(cpu_seconds(pid) for pid in pids)
-                booked, latencies = await book(clients[side], block, factory)
-                cpu_s[side] += sum(cpu_seconds(pid) for pid in pids) - cpu_before
-                times[side].extend(latencies)
-                block_p50[side].append(statistics.median(latencies))
-                if side == 0:
-                    ids.extend(booked)
-    diffs = [v - b for b, v in zip(*block_p50, strict=True)]
-    return {
-        "baseline_p50_ms": statistics.median(times[0]) * 1000,
-        "variant_p50_ms": statistics.median(times[1]) * 1000,
-        "paired_diff_p50_ms": statistics.median(diffs) * 1000,
-        "baseline_cpu_ms": cpu_s[0] * 1000 / len(times[0]),
-        "variant_cpu_ms": cpu_s[1] * 1000 / len(times[1]),
-        "blocks": len(diffs),
-        "baseline_booking_ids": ids[:20],
-    }
+        for side in block_order(bookings, block):
+            await book(clients[side], 1, factory)  # untimed: refills the caches the other stack used
+            pids = [p.pid for p in stacks[side].services.values()]
+            await sides.timed_block(side, clients[side], block, factory, pids)
+    return sides.result()
 
 
 async def compare_switched(
@@ -425,10 +448,7 @@ async def compare_switched(
     """
     factory = BookingFactory(seed)
     pids = [p.pid for p in stack.services.values()]
-    cpu_s = [0.0, 0.0]
-    times: tuple[list[float], list[float]] = ([], [])
-    block_p50: tuple[list[float], list[float]] = ([], [])
-    ids: list[str] = []
+    sides = Sides()
 
     def switch(off: bool) -> None:
         if off:
@@ -442,33 +462,15 @@ async def compare_switched(
         for off in (False, True):  # warm-up: pools, caches, the first checkpoints, both ways
             switch(off)
             await book(http, 25, factory)
-        for i in range(max(1, bookings // block)):
-            for side in (0, 1) if i % 2 == 0 else (1, 0):
-                switch(side == 1)
-                await book(http, 1, factory)  # untimed: every process has read the switch by its end
-                cpu_before = sum(cpu_seconds(pid) for pid in pids)
-                booked, latencies = await book(http, block, factory)
-                cpu_s[side] += sum(cpu_seconds(pid) for pid in pids) - cpu_before
-                journal = (await http.get(f"/bookings/{booked[-1]}/events")).json()["events"]
-                if bool(journal) != (side == 0 or not switches_journal):
-                    state = "off" if side else "on"
-                    raise RuntimeError(
-                        f"the switch did not take: {len(journal)} journal entries with the layer {state}"
-                    )
-                times[side].extend(latencies)
-                block_p50[side].append(statistics.median(latencies))
-                if side == 0:
-                    ids.extend(booked)
-    diffs = [v - b for b, v in zip(*block_p50, strict=True)]
-    return {
-        "baseline_p50_ms": statistics.median(times[0]) * 1000,
-        "variant_p50_ms": statistics.median(times[1]) * 1000,
-        "paired_diff_p50_ms": statistics.median(diffs) * 1000,
-        "baseline_cpu_ms": cpu_s[0] * 1000 / len(times[0]),
-        "variant_cpu_ms": cpu_s[1] * 1000 / len(times[1]),
-        "blocks": len(diffs),
-        "baseline_booking_ids": ids[:20],
-    }
+        for side in block_order(bookings, block):
+            switch(side == 1)
+            await book(http, 1, factory)  # untimed: every process has read the switch by its end
+            booked = await sides.timed_block(side, http, block, factory, pids)
+            journal = (await http.get(f"/bookings/{booked[-1]}/events")).json()["events"]
+            if bool(journal) != (side == 0 or not switches_journal):
+                state = "off" if side else "on"
+                raise RuntimeError(f"the switch did not take: {len(journal)} journal entries with the layer {state}")
+    return sides.result()
 
 
 async def price_parts(baseline: Stack, booking_ids: Sequence[str]) -> dict[str, Any]:

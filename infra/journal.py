@@ -90,7 +90,7 @@ return n
 """)
 
 
-# A booking writes about 25 entries, each on its step's path: encoding one is kept to a few microseconds (the
+# Every entry is encoded on its step's path, a dozen or more per booking: that is kept to a few microseconds (the
 # second's text is formatted once per second, a field name is judged once, one encoder serves every entry).
 _second: tuple[int, str] = (-1, "")
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=str)
