@@ -223,12 +223,12 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "journal",
-        "every booking's journal: the entries steps, calls and recovery queue (one batched script call per burst), "
+        "every booking's journal: the entries of steps, calls and the recovery queue (on the status writes, or a batch), "
         "and the accepted and final entries in the booking record's scripts",
         (
             Edit(
                 "infra/journal.py",
-                "    scope = _scope.get()\n    if scope is None or _writer is None:\n        return\n",
+                "    scope = _scope.get()\n    if scope is None or scope.closed or _writer is None:\n        return\n",
                 "    return\n",
             ),
             Edit(
@@ -252,8 +252,9 @@ VARIANTS: tuple[Variant, ...] = (
         switched=(
             Edit(
                 "infra/journal.py",
-                "    scope = _scope.get()\n    if scope is None or _writer is None:\n        return\n",
-                "    scope = _scope.get()\n    if scope is None or _writer is None or bench_switch.OFF:\n        return\n",
+                "    scope = _scope.get()\n    if scope is None or scope.closed or _writer is None:\n        return\n",
+                "    scope = _scope.get()\n    if scope is None or scope.closed or _writer is None or bench_switch.OFF:\n"
+                "        return\n",
             ),
             Edit(
                 "infra/journal.py",

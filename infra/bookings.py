@@ -273,7 +273,7 @@ class BookingStore:
                 durable=True,
             )
         except BaseException:
-            journal.give_back(booking_id, before)
+            journal.give_back(booking_id, before, final=True)
             raise
         outcome = int(reply[0])
         if outcome == -1:

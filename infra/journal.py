@@ -291,9 +291,7 @@ def current_scope() -> JournalScope | None:
 def note(kind: JournalKind | str, **fields: Any) -> None:
     """Record an entry in the current scope's journal; nothing outside a scope or without a writer."""
     scope = _scope.get()
-    if scope is None or _writer is None:
-        return
-    if scope.closed:
+    if scope is None or scope.closed or _writer is None:
         return
     if scope.fence is not None:
         fields.setdefault("fence", scope.fence)
@@ -318,9 +316,10 @@ async def take(booking_id: str, *, final: bool = False) -> list[str]:
     return await _writer.take(booking_id) if _writer is not None else []
 
 
-def give_back(booking_id: str, entries: list[str]) -> None:
-    """Queue again what ``take`` gave when the script that was to write it failed (reopening a closed scope)."""
-    if (scope := _scope.get()) is not None and scope.booking_id == booking_id:
+def give_back(booking_id: str, entries: list[str], *, final: bool = False) -> None:
+    """Queue again what ``take`` gave when the script that was to write it failed; ``final`` reopens the scope the
+    final status's ``take`` closed (the step runs again)."""
+    if final and (scope := _scope.get()) is not None and scope.booking_id == booking_id:
         scope.closed = False
     if _writer is not None:
         _writer.give_back(booking_id, entries)
