@@ -1,4 +1,5 @@
-"""The booking vocabulary every floor speaks (``domain.booking``): stay rules, statuses, error codes, journal kinds."""
+"""The vocabulary every floor speaks: a booking's (``domain.booking``: stay rules, statuses, error codes, journal
+kinds) and the model's (``domain.llm``: the simulated model names, the concierge's tool names)."""
 
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
@@ -23,17 +24,35 @@ from domain.booking import (
     rooms_for,
     validate_stay,
 )
+from domain.llm import (
+    BOOK_HOTEL,
+    CANCEL_BOOKING,
+    FALLBACK_MODEL,
+    GET_BOOKING,
+    PRIMARY_MODEL,
+    SEARCH_HOTELS,
+    SIMULATED_MODELS,
+    TOOL_NAMES,
+)
 
 __all__ = [
+    "BOOK_HOTEL",
+    "CANCEL_BOOKING",
+    "FALLBACK_MODEL",
     "FINAL_BOOKING_STATUSES",
     "FINAL_JOURNAL_KINDS",
+    "GET_BOOKING",
     "GUESTS_PER_ROOM",
     "ISO_DATE_PATTERN",
     "MAX_DAYS_AHEAD",
     "MAX_GUESTS",
     "MAX_NIGHTS",
     "MIN_GUESTS",
+    "PRIMARY_MODEL",
     "PROGRESS",
+    "SEARCH_HOTELS",
+    "SIMULATED_MODELS",
+    "TOOL_NAMES",
     "BookingFinalError",
     "BookingStatus",
     "ErrorCode",

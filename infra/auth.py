@@ -17,6 +17,9 @@ The process's own name (the ``iss`` of what it mints) is set by the service shel
 **Admin token.** The providers' ``/admin`` routes (faults, ledgers, availability) need ``Authorization: Bearer
 $CONCIERGE_ADMIN_TOKEN``; with none configured they do not exist (``admin_token_ok``).
 
+**Model API key.** The model provider (llm-api, or any OpenAI-compatible server) takes ``Authorization: Bearer
+$LLM_API_KEY``; with none configured, the simulator and the concierge derive the same one (``llm_api_key``).
+
 ::
 
     ServiceAuthError
@@ -27,6 +30,7 @@ $CONCIERGE_ADMIN_TOKEN``; with none configured they do not exist (``admin_token_
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from collections.abc import Callable
@@ -42,6 +46,7 @@ from resilience.switches import Restore
 __all__ = [
     "ALGORITHM",
     "LEEWAY_S",
+    "LLM_KEY_PREFIX",
     "MAX_TOKEN_LIFETIME_S",
     "MIN_SECRET_CHARS",
     "REMINT_BEFORE_S",
@@ -56,6 +61,7 @@ __all__ = [
     "admin_token",
     "admin_token_ok",
     "bearer_credentials",
+    "llm_api_key",
     "mint_service_token",
     "service_secret",
     "service_tokens",
@@ -126,6 +132,28 @@ def admin_token(settings: Settings | None = None) -> str | None:
     settings = settings or get_settings()
     value = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
     return value or None
+
+
+LLM_KEY_PREFIX: Final = "sk-sim-"
+"""What a derived model API key starts with (``llm_api_key``)."""
+
+
+def llm_api_key(settings: Settings | None = None) -> str | None:
+    """The model provider's API key: ``LLM_API_KEY``, else one derived from the deployment's secret (HMAC-SHA256),
+    so the simulator and the concierge agree with no key configured and the key is never a well-known value.
+
+    ``None`` only when neither is set (the simulator then refuses every request, 401).
+    """
+    settings = settings or get_settings()
+    value = settings.llm_api_key.get_secret_value().strip() if settings.llm_api_key is not None else ""
+    if value:
+        return value
+    try:
+        secret = service_secret(settings)
+    except MissingSecretError:
+        return None
+    digest = hmac.new(secret.encode(), b"concierge llm-api key", hashlib.sha256).hexdigest()
+    return f"{LLM_KEY_PREFIX}{digest[:48]}"
 
 
 # ---------------------------------------------------------------------------------------------------- tokens

@@ -106,6 +106,17 @@ class Settings(BaseSettings):
     payment_agent_url: str = Field("http://127.0.0.1:8002", validation_alias="PAYMENT_AGENT_URL")
     hotel_api_url: str = Field("http://127.0.0.1:8010", validation_alias="HOTEL_API_URL")
     payment_api_url: str = Field("http://127.0.0.1:8011", validation_alias="PAYMENT_API_URL")
+    llm_api_url: str = Field(
+        "http://127.0.0.1:8012",
+        validation_alias="LLM_API_URL",
+        description="The simulated model provider (llm-api); its OpenAI-compatible API is under /v1.",
+    )
+    llm_api_key: SecretStr | None = Field(
+        None,
+        validation_alias="LLM_API_KEY",
+        description="The model provider's API key (Authorization: Bearer): what llm-api accepts and the concierge "
+        "sends. Unset: both derive one from CONCIERGE_SERVICE_SECRET (infra.auth.llm_api_key, docs/llm-api.md).",
+    )
     recovery_worker_url: str = Field("http://127.0.0.1:8020", validation_alias="RECOVERY_WORKER_URL")
     instance_id: str | None = Field(None, validation_alias="CONCIERGE_INSTANCE_ID")
 

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infra.auth import admin_token, admin_token_ok
 from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, REPLAYED_HEADER, provider_error
-from infra.service import create_service_app
+from infra.service import MAX_BODY_BYTES, create_service_app
 from infra.service.openapi import Answer, detail, document
 from infra.service.openapi import provider_error as provider_answer
 from providers.faults import ClientGoneError, FaultInjector, InjectedFaultError, faults_router
@@ -140,10 +140,23 @@ class AdminGuard:
         await self.app(scope, receive, send)
 
 
-def create_provider_app(name: str, business: APIRouter, admin: APIRouter) -> FastAPI:
+def create_provider_app(
+    name: str,
+    business: APIRouter,
+    admin: APIRouter,
+    *,
+    own_faults: bool = False,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
     """The service shell plus: faults on every ``business`` route, ``/admin/faults``, the error answers and the
-    admin guard."""
-    app = create_service_app(name, description=f"Simulated third-party {name} (state in Redis).")
+    admin guard.
+
+    ``own_faults``: the provider injects faults of its own kind (llm-api: per model, answered in OpenAI's shapes)
+    and ``admin`` serves its ``/admin/faults``; the injector and the router of ``faults.py`` are left out.
+    """
+    app = create_service_app(
+        name, description=f"Simulated third-party {name} (state in Redis).", max_body_bytes=max_body_bytes
+    )
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ProviderApiError)
@@ -166,12 +179,16 @@ def create_provider_app(name: str, business: APIRouter, admin: APIRouter) -> Fas
     app.add_exception_handler(ClientGoneError, client_gone)
     app.add_exception_handler(MissingIdempotencyKeyError, missing_key)
     app.add_exception_handler(IdempotencyKeyReusedError, key_reused)
-    app.include_router(business, dependencies=[Depends(FaultInjector(name))])
-    app.include_router(admin)
-    app.include_router(faults_router(name))
+    if own_faults:
+        app.include_router(business)
+        app.include_router(admin)
+    else:
+        app.include_router(business, dependencies=[Depends(FaultInjector(name))])
+        app.include_router(admin)
+        app.include_router(faults_router(name))
+        for route in business.routes:
+            document(app, path=getattr(route, "path", ""), answers=[_INJECTED_FAULT])
     app.add_middleware(AdminGuard)
-    for route in business.routes:
-        document(app, path=getattr(route, "path", ""), answers=[_INJECTED_FAULT])
     document(
         app, prefix=ADMIN_PREFIX, answers=_ADMIN_ANSWERS, security=[{"adminToken": []}], security_schemes=_ADMIN_SCHEMES
     )

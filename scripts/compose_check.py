@@ -96,6 +96,7 @@ BOOKING_TIMEOUT_S = 90.0
 APP_SERVICES = (
     "hotel-api",
     "payment-api",
+    "llm-api",
     "search-agent",
     "payment-agent",
     "booking-agent",

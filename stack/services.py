@@ -42,6 +42,7 @@ SERVICES: Mapping[str, ServiceSpec] = MappingProxyType(
         for spec in (
             ServiceSpec("hotel-api", "providers.hotel_api:app", 8010, "HOTEL_API_URL"),
             ServiceSpec("payment-api", "providers.payment_api:app", 8011, "PAYMENT_API_URL"),
+            ServiceSpec("llm-api", "providers.llm_api:app", 8012, "LLM_API_URL"),
             ServiceSpec("search-agent", "agents.search:app", 8001, "SEARCH_AGENT_URL"),
             ServiceSpec("payment-agent", "agents.payment:app", 8002, "PAYMENT_AGENT_URL"),
             ServiceSpec("booking-agent", "agents.booking:app", 8000, "BOOKING_AGENT_URL"),

@@ -3,7 +3,8 @@
 ::
 
     <data dir>/stack.json          the snapshot below, replaced atomically on every change (mode 0600)
-    <data dir>/secrets.json        the stack's secrets (``StackSecrets``: service secret, admin token), mode 0600
+    <data dir>/secrets.json        the stack's secrets (``StackSecrets``: service secret, admin token, model API key),
+                                   mode 0600
     <data dir>/supervisor.lock     flock'ed by the live supervisor: two ``up`` never share a data directory
     <data dir>/supervisor.sock     the control socket (``kill``, ``stop``, ``status``, ``down``...)
     <data dir>/logs/<name>.log     one log per instance (restarts append), supervisor.log for the supervisor
@@ -161,18 +162,25 @@ class StackState:
 
 @dataclass(frozen=True)
 class StackSecrets:
-    """What ``up`` hands every service it runs: ``CONCIERGE_SERVICE_SECRET`` and ``CONCIERGE_ADMIN_TOKEN``.
+    """What ``up`` hands every service it runs: ``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN`` and
+    ``LLM_API_KEY`` (the key llm-api takes and the concierge sends).
 
     Taken from the environment when set there (an operator's choice), generated otherwise: a stack never runs on a
-    value anyone else knows.
+    value anyone else knows. ``llm_api_key`` is empty in a file written before it existed: the services then derive
+    one (``infra.auth.llm_api_key``).
     """
 
     service_secret: str
     admin_token: str
+    llm_api_key: str = ""
 
     @classmethod
     def generate(cls) -> StackSecrets:
-        return cls(service_secret=secrets.token_hex(32), admin_token=secrets.token_urlsafe(32))
+        return cls(
+            service_secret=secrets.token_hex(32),
+            admin_token=secrets.token_urlsafe(32),
+            llm_api_key=f"sk-stack-{secrets.token_urlsafe(32)}",
+        )
 
     @classmethod
     def from_env_or_new(cls, env: Mapping[str, str]) -> StackSecrets:
@@ -180,10 +188,14 @@ class StackSecrets:
         return cls(
             service_secret=env.get("CONCIERGE_SERVICE_SECRET") or new.service_secret,
             admin_token=env.get("CONCIERGE_ADMIN_TOKEN") or new.admin_token,
+            llm_api_key=env.get("LLM_API_KEY") or new.llm_api_key,
         )
 
     def env(self) -> dict[str, str]:
-        return {"CONCIERGE_SERVICE_SECRET": self.service_secret, "CONCIERGE_ADMIN_TOKEN": self.admin_token}
+        env = {"CONCIERGE_SERVICE_SECRET": self.service_secret, "CONCIERGE_ADMIN_TOKEN": self.admin_token}
+        if self.llm_api_key:
+            env["LLM_API_KEY"] = self.llm_api_key
+        return env
 
     def __repr__(self) -> str:
         return "StackSecrets(<redacted>)"

@@ -103,7 +103,8 @@ class SupervisorConfig:
     """Foreground: stream every child's log lines to stdout, prefixed with its name."""
     checkpointer: str = ""
     secrets: StackSecrets = field(default_factory=StackSecrets.generate)
-    """Every child's ``CONCIERGE_SERVICE_SECRET`` and ``CONCIERGE_ADMIN_TOKEN``; kept in ``secrets.json`` (0600)."""
+    """Every child's ``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN`` and ``LLM_API_KEY``; kept in
+    ``secrets.json`` (0600)."""
     fronts: tuple[Front, ...] = ()
     """One per scaled service (``layout.plan_fronts``): what its peers' ``*_URL`` name."""
 

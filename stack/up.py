@@ -8,9 +8,9 @@ environment is usable, the data directory is free (no live supervisor), the plan
 one line and exit 1, with nothing left running. ``--detach`` starts the same supervisor as a background process
 (new session, output in ``<data dir>/logs/supervisor.log``) and returns once it reports every service ready.
 
-The stack's secrets (``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN``) come from the environment when set
-there and are generated otherwise; the supervisor hands them to every service and keeps them in
-``<data dir>/secrets.json`` (0600) for the commands that need them.
+The stack's secrets (``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN``, ``LLM_API_KEY``) come from the
+environment when set there and are generated otherwise; the supervisor hands them to every service and keeps them
+in ``<data dir>/secrets.json`` (0600) for the commands that need them.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def register_up(subparsers: Subparsers) -> None:
         "up",
         help="start the whole stack as supervised local processes",
         description=(
-            "Start hotel-api, payment-api, search-agent, payment-agent, booking-agent, recovery-worker and the web "
-            "console (plus redis-server when REDIS_URL does not answer), wait until each is ready, then stream their "
-            "logs until Ctrl-C. Crashed services are restarted after a short backoff."
+            "Start hotel-api, payment-api, llm-api, search-agent, payment-agent, booking-agent, recovery-worker and "
+            "the web console (plus redis-server when REDIS_URL does not answer), wait until each is ready, then "
+            "stream their logs until Ctrl-C. Crashed services are restarted after a short backoff."
         ),
     )
     parser.add_argument("-d", "--detach", action="store_true", help="run in the background; return once ready")

@@ -6,10 +6,10 @@ together on free ports, one Redis key prefix, one fresh Postgres database, a spa
         booking = stack.book(city="Lisbon")
         assert stack.wait(booking["booking_id"])["status"] == "confirmed"
 
-Every stack has its own ``CONCIERGE_SERVICE_SECRET`` (``stack.secret``) and ``CONCIERGE_ADMIN_TOKEN``
-(``stack.admin_token``); ``stack.admin(...)``, ``stack.fault(...)`` and ``stack.ledger(...)`` present the latter,
-``stack.service_token(issuer, audience)`` mints what a service would present and ``stack.a2a(...)`` calls a skill
-with it. ``CONCIERGE_SERVICE_TOKEN`` is set too (``stack.retired_token``), only so a test can show nobody takes it.
+Every stack has its own ``CONCIERGE_SERVICE_SECRET`` (``stack.secret``), ``CONCIERGE_ADMIN_TOKEN``
+(``stack.admin_token``) and ``LLM_API_KEY`` (``stack.llm_api_key``, what llm-api takes); ``stack.admin(...)``,
+``stack.fault(...)`` and ``stack.ledger(...)`` present the admin token, ``stack.service_token(issuer, audience)``
+mints what a service would present and ``stack.a2a(...)`` calls a skill with it. ``CONCIERGE_SERVICE_TOKEN`` is set too (``stack.retired_token``), only so a test can show nobody takes it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ CORE = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-ag
 URL_ENV = {
     "hotel-api": "HOTEL_API_URL",
     "payment-api": "PAYMENT_API_URL",
+    "llm-api": "LLM_API_URL",
     "search-agent": "SEARCH_AGENT_URL",
     "payment-agent": "PAYMENT_AGENT_URL",
     "booking-agent": "BOOKING_AGENT_URL",
@@ -81,6 +82,7 @@ class Stack:
         self.secret = secrets.token_hex(32)
         self.admin_token = secrets.token_urlsafe(24)
         self.retired_token = secrets.token_hex(16)
+        self.llm_api_key = f"sk-test-{secrets.token_urlsafe(16)}"
         self.prefix = key_prefix or f"e2e-{uuid.uuid4().hex[:10]}"
         self.span_files = span_files
         self.env: dict[str, str] = {
@@ -89,6 +91,7 @@ class Stack:
             "CONCIERGE_SERVICE_SECRET": self.secret,
             "CONCIERGE_ADMIN_TOKEN": self.admin_token,
             "CONCIERGE_SERVICE_TOKEN": self.retired_token,
+            "LLM_API_KEY": self.llm_api_key,
             "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
             "CONCIERGE_LOG_LEVEL": "INFO",
             **{URL_ENV[name]: f"http://127.0.0.1:{port}" for name, port in self.ports.items()},

@@ -128,6 +128,7 @@ def _settings_urls(settings: Settings) -> dict[str, str]:
     return {
         "hotel-api": settings.hotel_api_url,
         "payment-api": settings.payment_api_url,
+        "llm-api": settings.llm_api_url,
         "search-agent": settings.search_agent_url,
         "payment-agent": settings.payment_agent_url,
         "booking-agent": settings.booking_agent_url,

@@ -410,8 +410,11 @@ def test_up_takes_the_secrets_from_the_environment_or_makes_new_ones() -> None:
     generated = StackSecrets.from_env_or_new({})
     assert len(generated.service_secret) >= 32 and generated.admin_token
     assert generated != StackSecrets.from_env_or_new({})  # never a value another install shares
-    chosen = StackSecrets.from_env_or_new({"CONCIERGE_SERVICE_SECRET": "x" * 40, "CONCIERGE_ADMIN_TOKEN": "adm"})
-    assert chosen == StackSecrets(service_secret="x" * 40, admin_token="adm")
+    assert generated.llm_api_key and generated.llm_api_key != StackSecrets.generate().llm_api_key
+    chosen = StackSecrets.from_env_or_new(
+        {"CONCIERGE_SERVICE_SECRET": "x" * 40, "CONCIERGE_ADMIN_TOKEN": "adm", "LLM_API_KEY": "sk-mine"}
+    )
+    assert chosen == StackSecrets(service_secret="x" * 40, admin_token="adm", llm_api_key="sk-mine")
 
 
 def test_every_child_of_up_gets_the_stack_secrets(tmp_path: Path) -> None:
@@ -427,6 +430,7 @@ def test_every_child_of_up_gets_the_stack_secrets(tmp_path: Path) -> None:
     env = child_env(config)
     assert env["CONCIERGE_SERVICE_SECRET"] == stack_secrets.service_secret
     assert env["CONCIERGE_ADMIN_TOKEN"] == stack_secrets.admin_token
+    assert env["LLM_API_KEY"] == stack_secrets.llm_api_key
 
 
 def test_serve_without_a_secret_refuses_in_one_line(

@@ -21,7 +21,7 @@ SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
 INFRASTRUCTURE = {"redis", "postgres", "jaeger", "prometheus", "grafana"}
 _DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):-(?P<default>[^}]*)\}$")
 _REQUIRED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):\?(?P<message>[^}$]+)\}$")
-PROVIDERS = ("hotel-api", "payment-api")
+PROVIDERS = ("hotel-api", "payment-api", "llm-api")
 # published on the host's loopback only: the outside world's stand-ins, and the console (no login of its own)
 LOOPBACK_ONLY = (*PROVIDERS, "console")
 _PROBE_URL = re.compile(r"http://127\.0\.0\.1:(?P<port>\d+)(?P<path>/[\w/]*)")

@@ -35,7 +35,7 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 # and the newest whose schemas kubernetes-validate bundles
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 # one replica each: the simulated providers stand in for the outside world, the console keeps no state
-SINGLE = {"hotel-api", "payment-api", "console"}
+SINGLE = {"hotel-api", "payment-api", "llm-api", "console"}
 REPLICATED = set(SERVICES) - SINGLE
 # What SIGTERM may take after preStop: uvicorn's graceful shutdown, then the lifespan's drain, then up to a few
 # seconds more to cancel what did not reach a step boundary (booking-agent waits 5 s, the worker its take_wait + 2).

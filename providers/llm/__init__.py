@@ -1,0 +1,7 @@
+"""llm-api's parts: the wire (``wire``), the tokenizer (``tokens``), the understanding of English (``language``,
+``conversation``), the faults and rate limits (``faults``) and the request log (``log``).
+
+The HTTP app that puts them together is ``providers.llm_api`` (docs/llm-api.md).
+"""
+
+__all__: list[str] = []
