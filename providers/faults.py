@@ -36,8 +36,10 @@ __all__ = [
     "FaultInjector",
     "Faults",
     "InjectedFaultError",
+    "fault_metrics",
     "faults_key",
     "faults_router",
+    "hold",
     "load_faults",
 ]
 
@@ -88,7 +90,8 @@ class _FaultMetrics:
 
 
 @lru_cache(maxsize=1)
-def _metrics() -> _FaultMetrics:
+def fault_metrics() -> _FaultMetrics:
+    """The counter of injected faults (by provider and kind) and the gauge of held requests."""
     return _FaultMetrics(
         injected=Counter(
             "concierge_provider_faults_injected", "Faults injected by a simulated provider.", ["provider", "kind"]
@@ -124,7 +127,7 @@ class FaultInjector:
         faults = await load_faults(request.app.state.redis, self.provider)
         if not faults.active:
             return
-        metrics = _metrics()
+        metrics = fault_metrics()
         if faults.latency_s > 0:
             metrics.injected.labels(self.provider, "latency").inc()
             await self._hold(request, faults.latency_s)
@@ -141,19 +144,30 @@ class FaultInjector:
                 gauge.dec()
 
     async def _hold(self, request: Request, seconds: float | None) -> None:
-        """Wait ``seconds`` (forever when ``None``), but only while the client is still there."""
-        deadline = None if seconds is None else self._clock() + seconds
-        while True:
-            if await request.is_disconnected():
-                logger.info("%s: client left during an injected delay on %s", self.provider, request.url.path)
-                raise ClientGoneError
-            if deadline is None:
-                await self._sleep(self._poll)
-                continue
-            left = deadline - self._clock()
-            if left <= 0:
-                return
-            await self._sleep(min(self._poll, left))
+        await hold(request, seconds, sleep=self._sleep, clock=self._clock, poll_interval_s=self._poll)
+
+
+async def hold(
+    request: Request,
+    seconds: float | None,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    poll_interval_s: float = 0.05,
+) -> None:
+    """Wait ``seconds`` (forever when ``None``), but only while the client is still there (``ClientGoneError``)."""
+    deadline = None if seconds is None else clock() + seconds
+    while True:
+        if await request.is_disconnected():
+            logger.info("client left during an injected delay on %s", request.url.path)
+            raise ClientGoneError
+        if deadline is None:
+            await sleep(poll_interval_s)
+            continue
+        left = deadline - clock()
+        if left <= 0:
+            return
+        await sleep(min(poll_interval_s, left))
 
 
 def faults_router(provider: str) -> APIRouter:

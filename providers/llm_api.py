@@ -5,85 +5,62 @@
     POST /v1/chat/completions     OpenAI Chat Completions: whole, or streamed (``stream: true``, SSE) with
                                   ``stream_options.include_usage``; tool calls as OpenAI sends them
     GET  /v1/models · GET /v1/models/{model}
+    PUT/GET/DELETE /admin/faults  faults and rate limits, per model (``providers.llm.faults``)
+    GET/DELETE /admin/requests    the request log (``providers.llm.log``)
 
 Deterministic and offline: a rule-based reading of English (``providers.llm.conversation``) answers with one tool
 call or with words, and counts usage with its own tokenizer (``providers.llm.tokens``). ``/v1`` needs
-``Authorization: Bearer <key>`` (``infra.auth.llm_api_key``); errors come in OpenAI's shape.
+``Authorization: Bearer <key>`` (``infra.auth.llm_api_key``); its errors come in OpenAI's shape.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
-from collections.abc import AsyncIterator
-from datetime import date
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from domain.llm import FALLBACK_MODEL, PRIMARY_MODEL, SIMULATED_MODELS
+from domain.llm import SIMULATED_MODELS
 from infra.auth import llm_api_key
+from infra.service import get_redis
 from infra.service.openapi import Answer, document
 from providers.base import create_provider_app
-from providers.inventory import CITIES
-from providers.llm.conversation import Conversation
-from providers.llm.reply import Reply, render
-from providers.llm.tokens import prompt_tokens
+from providers.llm.exchange import CONTEXT_WINDOWS, PROVIDER, Exchange
+from providers.llm.faults import (
+    ERROR_STATUSES,
+    FaultsUpdate,
+    FaultsView,
+    ModelName,
+    clear_faults,
+    put_faults,
+    view_faults,
+)
+from providers.llm.log import MAX_ENTRIES, RequestLog, clear_log, read_log
 from providers.llm.wire import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
-    ChunkWriter,
     ModelCard,
     ModelList,
+    OpenAIApiError,
     OpenAIErrorBody,
-    history_error,
+    model_not_found,
     openai_error,
 )
 
 __all__ = ["CONTEXT_WINDOWS", "PROVIDER", "app", "create_app"]
 
-PROVIDER = "llm-api"
 V1 = "/v1"
 MAX_BODY_BYTES = 1024 * 1024
 """A conversation with its tools grows past the shell's 64 KiB; OpenAI's own limit is far above this."""
-CONTEXT_WINDOWS = {PRIMARY_MODEL: 32_768, FALLBACK_MODEL: 16_384}
-"""Prompt tokens each model takes; a longer prompt is refused (400 ``context_length_exceeded``)."""
 MODELS_CREATED = 1_767_225_600
 """``created`` of both models (2026-01-01)."""
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
-
-class OpenAIApiError(Exception):
-    """Answered as ``status`` with OpenAI's error body (and ``headers``)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = openai_error(message, type_, param=param, code=code)
-        self.headers = headers or {}
-
-
-def _invalid(message: str, param: str | None = None, code: str | None = None) -> OpenAIApiError:
-    return OpenAIApiError(400, message, "invalid_request_error", param=param, code=code)
+RedisDep = Annotated[Redis, Depends(get_redis)]
 
 
 # --------------------------------------------------------------------------------------------------- the API key
@@ -135,135 +112,63 @@ def _same(presented: str, expected: str) -> bool:
     return hmac.compare_digest(presented.encode("utf-8", "replace"), expected.encode("utf-8"))
 
 
-# ----------------------------------------------------------------------------------------------------- answering
+# ---------------------------------------------------------------------------------- OpenAPI (describes, changes nothing)
 
-
-class AnswerStream(Response):
-    """An answer sent piece by piece; ``parts`` may end the connection early (``CutStream``), the way a broken
-    upstream does: no end of body, so the client sees a broken stream rather than a short one."""
-
-    def __init__(self, parts: AsyncIterator[bytes], headers: list[tuple[bytes, bytes]], status: int = 200) -> None:
-        super().__init__(status_code=status)
-        self.parts = parts
-        self.raw_headers = headers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.create_task(watch())
-        finished = False
-        try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for part in self.parts:
-                if gone.is_set():
-                    break
-                await send({"type": "http.response.body", "body": part, "more_body": True})
-            else:
-                finished = True
-            if finished:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except CutStream:
-            pass  # returning without the end of the body: the server drops the connection
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-            with contextlib.suppress(Exception):
-                await self.parts.aclose()  # type: ignore[attr-defined]
-
-
-class CutStream(Exception):
-    """Raised by an answer's parts to drop the connection where it stands."""
-
-
-def _event(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-
-
-async def _stream(reply: Reply, request: ChatCompletionRequest) -> AsyncIterator[bytes]:
-    writer = ChunkWriter(request.model, include_usage=request.include_usage, fingerprint="fp_concierge_sim_1")
-    for _is_token, chunk in reply.chunks(writer):
-        yield _event(chunk)
-    yield b"data: [DONE]\n\n"
-
-
-async def _whole(body: bytes) -> AsyncIterator[bytes]:
-    yield body
-
-
-def _prompt_tokens(request: ChatCompletionRequest) -> int:
-    return prompt_tokens(
-        [m.model_dump(exclude_none=True) for m in request.messages],
-        [t.model_dump(exclude_none=True) for t in request.tools or ()],
+_RATE_HEADERS = {
+    f"x-ratelimit-{what}-{unit}": {
+        "description": f"When `{'rpm' if unit == 'requests' else 'tpm'}` is set for the model: {meaning}",
+        "required": False,
+        "schema": {"type": "string"},
+    }
+    for unit in ("requests", "tokens")
+    for what, meaning in (
+        ("limit", "the limit per rolling minute."),
+        ("remaining", "what is left of it now."),
+        ("reset", "until the oldest request in the window leaves it (`250ms`, `12s`, `1m0s`)."),
     )
+}
+_RETRY_HEADERS = {
+    "retry-after": {"description": "Seconds to wait (rounded up).", "required": False, "schema": {"type": "string"}},
+    "retry-after-ms": {"description": "Milliseconds to wait.", "required": False, "schema": {"type": "string"}},
+    "x-should-retry": {
+        "description": "Whether a retry can help (injected with `should_retry`).",
+        "required": False,
+        "schema": {"type": "string", "enum": ["true", "false"]},
+    },
+}
+_REQUEST_ID = {
+    "x-request-id": {
+        "description": "This request's id (as in the request log).",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+}
+_ERROR_MEANINGS = {
+    400: "The body is not a valid request (`invalid_request_error`, `param` names the argument), the history has a "
+    "tool call without its result (or a result without its call), or the prompt is longer than the model's "
+    "context (`context_length_exceeded`, also injected).",
+    404: "No such model (`model_not_found`).",
+    429: "Over the model's published limits (`rate_limit_exceeded`, with `retry-after` unless the request can never "
+    "fit), or injected: `rate_limit_exceeded` or `insufficient_quota`.",
+    500: "Injected (`server_error`).",
+    502: "Injected (`bad_gateway`).",
+    503: "Injected (`service_unavailable`).",
+    529: "Injected: overloaded (`overloaded_error`, as Anthropic answers it).",
+}
 
 
-def _decide(request: ChatCompletionRequest, tokens: int, today: date) -> Reply:
-    decision = Conversation(request.messages, request.offered_tools(), today, CITIES).decide()
-    return render(decision, prompt_tokens=tokens, limit=request.answer_limit)
-
-
-def _parse(raw: bytes) -> ChatCompletionRequest:
-    """The body, validated; 400 ``invalid_request_error`` naming the parameter at fault (as OpenAI answers)."""
-    try:
-        return ChatCompletionRequest.model_validate_json(raw or b"null")
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        location = first.get("loc", ())
-        param = ".".join(str(part) if isinstance(part, str) else f"[{part}]" for part in location) or None
-        if first["type"] == "json_invalid":
-            raise _invalid(
-                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
-                "HTTP library correctly. The OpenAI API expects a JSON payload.)"
-            ) from None
-        if first["type"] == "extra_forbidden":
-            raise _invalid(f"Unrecognized request argument supplied: {location[-1]}", param) from None
-        if first["type"] == "missing":
-            raise _invalid(f"Missing required parameter: '{param}'.", param) from None
-        raise _invalid(f"Invalid value for '{param}': {first['msg']}.", param) from None
-
-
-def _check(request: ChatCompletionRequest, reply_prompt_tokens: int) -> None:
-    if request.model not in SIMULATED_MODELS:
-        raise OpenAIApiError(
-            404,
-            f"The model `{request.model}` does not exist or you do not have access to it.",
-            "invalid_request_error",
-            param="model",
-            code="model_not_found",
-        )
-    problem = history_error(request.messages)
-    if problem is not None:
-        raise _invalid(problem, "messages")
-    window = CONTEXT_WINDOWS[request.model]
-    if reply_prompt_tokens > window:
-        raise _invalid(
-            f"This model's maximum context length is {window} tokens. However, your messages resulted in "
-            f"{reply_prompt_tokens} tokens. Please reduce the length of the messages.",
-            "messages",
-            "context_length_exceeded",
-        )
+def _openai_answers(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        headers = {**_REQUEST_ID, **_RATE_HEADERS, **(_RETRY_HEADERS if status >= 429 else {})}
+        out[status] = {"model": OpenAIErrorBody, "description": _ERROR_MEANINGS[status], "headers": headers}
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------- routes
 
-_ERROR_STATUSES = {
-    400: "The body is not a valid request (`invalid_request_error`, `param` names the argument), the history has a "
-    "tool call without its result, or the prompt is longer than the model's context (`context_length_exceeded`).",
-    404: "No such model (`model_not_found`).",
-}
-
 business = APIRouter(tags=["llm-api"])
 admin = APIRouter(prefix="/admin", tags=["admin"])
-
-
-def _error_answers(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": OpenAIErrorBody, "description": _ERROR_STATUSES[status]} for status in statuses}
 
 
 @business.post(
@@ -279,25 +184,25 @@ def _error_answers(*statuses: int) -> dict[int | str, dict[str, Any]]:
         200: {
             "model": ChatCompletion,
             "description": "The answer: a `chat.completion` (JSON), or with `stream: true` a stream of "
-            "`chat.completion.chunk` events (`data: {chunk}` … `data: [DONE]`; see ChatCompletionChunk).",
+            "`chat.completion.chunk` events (`data: {ChatCompletionChunk}` … `data: [DONE]`). A stream cut by a "
+            "fault (`cut_after_tokens`) ends without `[DONE]` and without the end of the body.",
+            "headers": {**_REQUEST_ID, **_RATE_HEADERS},
             "content": {
                 "text/event-stream": {
-                    "schema": {"type": "string", "description": "Server-sent events, one ChatCompletionChunk each."}
+                    "schema": {
+                        "type": "string",
+                        "description": "Server-sent events: `data: ` and one ChatCompletionChunk (JSON) each, then "
+                        "`data: [DONE]`.",
+                    }
                 }
             },
         },
-        **_error_answers(400, 404),
+        **_openai_answers(400, 404, *ERROR_STATUSES),
     },
 )
-async def chat_completions(request: Request) -> Response:
-    """Answer the conversation: one tool call or words, whole or streamed."""
-    body = _parse(await request.body())
-    tokens = _prompt_tokens(body)
-    _check(body, tokens)
-    reply = _decide(body, tokens, date.today())
-    if body.streaming:
-        return AnswerStream(_stream(reply, body), list(_SSE_HEADERS))
-    return JSONResponse(reply.completion(body.model))
+async def chat_completions(request: Request, redis: RedisDep) -> Response:
+    """Answer the conversation so far with one tool call or with words, whole or streamed."""
+    return await Exchange(request, redis).answer()
 
 
 def _card(model: str) -> dict[str, Any]:
@@ -310,17 +215,46 @@ async def list_models() -> dict[str, Any]:
     return {"object": "list", "data": [_card(m) for m in SIMULATED_MODELS]}
 
 
-@business.get(f"{V1}/models/{{model}}", response_model=ModelCard, responses=_error_answers(404))
+@business.get(f"{V1}/models/{{model}}", response_model=ModelCard, responses=_openai_answers(404))
 async def get_model(model: str) -> dict[str, Any]:
     if model not in SIMULATED_MODELS:
-        raise OpenAIApiError(
-            404,
-            f"The model '{model}' does not exist",
-            "invalid_request_error",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(model)
     return _card(model)
+
+
+@admin.get("/faults", response_model=FaultsView)
+async def get_faults(redis: RedisDep) -> FaultsView:
+    """Every model's faults and limits, and what is left of each `error_count`."""
+    return await view_faults(redis)
+
+
+@admin.put("/faults", response_model=FaultsView)
+async def set_faults(update: FaultsUpdate, redis: RedisDep) -> FaultsView:
+    """Replace one model's faults (`model`), or every model's (`model` null or left out)."""
+    return await put_faults(redis, update)
+
+
+@admin.delete("/faults", response_model=FaultsView)
+async def delete_faults(redis: RedisDep, model: Annotated[ModelName | None, Query()] = None) -> FaultsView:
+    """No faults for `model` (every model without it): its `error_count` and rate window go too."""
+    return await clear_faults(redis, model)
+
+
+@admin.get("/requests", response_model=RequestLog)
+async def get_requests(
+    redis: RedisDep,
+    model: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int | None, Query(ge=0, le=MAX_ENTRIES)] = None,
+) -> RequestLog:
+    """The chat completions that passed the key check, oldest first (the newest 2000 are kept); `model` keeps one
+    model's, `limit` the newest N."""
+    return await read_log(redis, model=model, limit=limit)
+
+
+@admin.delete("/requests", response_model=RequestLog)
+async def delete_requests(redis: RedisDep) -> RequestLog:
+    """Forget every logged request."""
+    return await clear_log(redis)
 
 
 def create_app() -> FastAPI:

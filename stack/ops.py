@@ -3,8 +3,9 @@
 ``kill`` is a crash (SIGKILL to the process group; the supervisor restarts it after its backoff unless
 ``--no-restart``); ``stop`` is a graceful stop (SIGTERM) that holds the instance down; ``start`` brings a stopped
 instance back and waits until it is ready. A name selects every replica (``booking-agent``) or one
-(``booking-agent:2``). ``fault`` drives a simulated provider's ``/admin/faults``: the local stack's, or, with none
-running, the one ``HOTEL_API_URL``/``PAYMENT_API_URL`` name (where docker-compose publishes them). It presents the
+(``booking-agent:2``). ``fault`` drives a simulated provider's ``/admin/faults`` (llm-api's options:
+``stack.llm_faults``): the local stack's, or, with none running, the one ``HOTEL_API_URL``/``PAYMENT_API_URL``/
+``LLM_API_URL`` name (where docker-compose publishes them). It presents the
 admin token of the local stack (``<data dir>/secrets.json``), or ``CONCIERGE_ADMIN_TOKEN`` for any other provider.
 """
 
@@ -20,12 +21,13 @@ import httpx
 from stack.console import EXIT_OK, Subparsers, one_line_errors, stack_paths
 from stack.control import call
 from stack.errors import StackError, UsageError
+from stack.llm_faults import add_llm_options, check_model, describe_llm_faults, llm_fault_body, llm_options_given
 from stack.services import get_service
 from stack.target import admin_token, provider_url
 
 __all__ = ["FAULTY_SERVICES", "fault_body", "register_fault", "register_kill", "register_start", "register_stop"]
 
-FAULTY_SERVICES = ("hotel-api", "payment-api")
+FAULTY_SERVICES = ("hotel-api", "payment-api", "llm-api")
 
 
 def _check_target(target: str) -> None:
@@ -90,15 +92,17 @@ def _start(args: argparse.Namespace) -> int:
 def register_fault(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "fault",
-        help="inject latency, errors or hangs into hotel-api or payment-api",
-        description="Without options: show the provider's current faults. Options replace them all.",
+        help="inject latency, errors or hangs into hotel-api, payment-api or llm-api",
+        description="Without options: show the provider's current faults. Options replace them all (llm-api: "
+        "those of --model, or of every model).",
     )
-    parser.add_argument("service", help=" or ".join(FAULTY_SERVICES))
+    parser.add_argument("service", help=", ".join(FAULTY_SERVICES))
     parser.add_argument("--latency", default=None, metavar="S", help="delay every request by S seconds")
     parser.add_argument("--error-rate", default=None, metavar="R", help="answer 503 to a fraction R (0-1)")
     parser.add_argument("--hang", action="store_true", help="hold requests until the client gives up")
     parser.add_argument("--clear", action="store_true", help="remove every fault")
     parser.add_argument("--url", default=None, help="the provider's URL (default: the running stack's)")
+    add_llm_options(parser)
     parser.set_defaults(handler=_fault)
 
 
@@ -138,18 +142,27 @@ def _describe(faults: dict[str, Any]) -> str:
 def _fault(args: argparse.Namespace) -> int:
     if args.service not in FAULTY_SERVICES:
         get_service(args.service)  # an unknown name gets the usual message
-        raise UsageError(f"{args.service} takes no faults; choose {' or '.join(FAULTY_SERVICES)}")
-    body = fault_body(args)
+        raise UsageError(f"{args.service} takes no faults; choose {', '.join(FAULTY_SERVICES)}")
+    llm = args.service == "llm-api"
+    if llm:
+        body = llm_fault_body(args)
+        model = check_model(args)
+    else:
+        foreign = llm_options_given(args)
+        if foreign:
+            raise UsageError(f"{foreign[0]} is an llm-api option; {args.service} takes --latency, --error-rate, --hang")
+        body, model = fault_body(args), None
     if args.clear and body is not None:
         raise UsageError("--clear cannot be combined with other fault options")
     base, guessed = provider_url(args.service, args.url)
     url = f"{base}/admin/faults"
     token = admin_token(bool(args.url))
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    params = {"model": model} if model else {}
     try:
         with httpx.Client(timeout=5.0, headers=headers) as http:
             if args.clear:
-                response = http.delete(url)
+                response = http.delete(url, params=params)
             elif body is None:
                 response = http.get(url)
             else:
@@ -164,5 +177,6 @@ def _fault(args: argparse.Namespace) -> int:
         raise StackError(f"{args.service} at {base} has no admin routes: it runs without CONCIERGE_ADMIN_TOKEN")
     if response.status_code != 200:
         raise StackError(f"{args.service} refused the faults: HTTP {response.status_code} {response.text[:200]}")
-    print(f"{args.service} faults: {_describe(response.json())}")
+    shown = describe_llm_faults(response.json(), model) if llm else _describe(response.json())
+    print(f"{args.service} faults: {shown}")
     return EXIT_OK

@@ -50,7 +50,11 @@ def provider_url(service: str, explicit: str | None) -> tuple[str, bool]:
     state = running_stack()
     if state is None:
         settings = get_settings()
-        guess = settings.hotel_api_url if service == "hotel-api" else settings.payment_api_url
+        guess = {
+            "hotel-api": settings.hotel_api_url,
+            "payment-api": settings.payment_api_url,
+            "llm-api": settings.llm_api_url,
+        }[service]
         return guess.rstrip("/"), True
     for instance in state.instances:
         if instance.service == service:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "MAX_OUTPUT_TOKENS",
@@ -26,6 +26,7 @@ __all__ = [
     "Message",
     "ModelCard",
     "ModelList",
+    "OpenAIApiError",
     "OpenAIError",
     "OpenAIErrorBody",
     "SystemMessage",
@@ -34,7 +35,10 @@ __all__ = [
     "call_id",
     "completion_id",
     "history_error",
+    "invalid_request",
+    "model_not_found",
     "openai_error",
+    "parse_request",
     "text_of",
 ]
 
@@ -374,6 +378,59 @@ class OpenAIErrorBody(BaseModel):
 
 def openai_error(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class OpenAIApiError(Exception):
+    """Answered as ``status`` with OpenAI's error body (and ``headers``)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = openai_error(message, type_, param=param, code=code)
+        self.headers = dict(headers or {})
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIApiError:
+    return OpenAIApiError(400, message, "invalid_request_error", param=param, code=code)
+
+
+def model_not_found(model: str) -> OpenAIApiError:
+    return OpenAIApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        "invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def parse_request(raw: bytes) -> ChatCompletionRequest:
+    """The body, validated; 400 ``invalid_request_error`` naming the parameter at fault (as OpenAI answers)."""
+    try:
+        return ChatCompletionRequest.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        location = first.get("loc", ())
+        param = ".".join(str(part) if isinstance(part, str) else f"[{part}]" for part in location) or None
+        if first["type"] == "json_invalid":
+            raise invalid_request(
+                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
+                "HTTP library correctly. The OpenAI API expects a JSON payload.)"
+            ) from None
+        if first["type"] == "extra_forbidden":
+            raise invalid_request(f"Unrecognized request argument supplied: {location[-1]}", param) from None
+        if first["type"] == "missing":
+            raise invalid_request(f"Missing required parameter: '{param}'.", param) from None
+        raise invalid_request(f"Invalid value for '{param}': {first['msg']}.", param) from None
 
 
 # ------------------------------------------------------------------------------------------------- chunk builders

@@ -12,47 +12,17 @@ import httpx
 import openai
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 from domain.llm import FALLBACK_MODEL, PRIMARY_MODEL
 from infra.settings import get_settings
 from providers import llm_api
-from providers.inventory import hotels_in
+from tests.llm import TOOLS, chat_model, offers, streamed
 from tests.procs import serve_in_process
 
 KEY = "sk-test-llm-api-0123456789"
 TODAY = date(2031, 12, 20)
 SYSTEM = SystemMessage(f"You are a hotel concierge. Today is {TODAY.isoformat()}.")
-
-
-@tool
-def search_hotels(
-    city: str, checkin: str, checkout: str, guests: int, max_price_per_night: float | None = None
-) -> dict[str, Any]:
-    """Search hotel offers in a city for a stay."""
-    raise NotImplementedError
-
-
-@tool
-def book_hotel(hotel_id: str, city: str, checkin: str, checkout: str, guests: int) -> dict[str, Any]:
-    """Book a hotel for a stay (asks the person first)."""
-    raise NotImplementedError
-
-
-@tool
-def get_booking(booking_id: str) -> dict[str, Any]:
-    """A booking's status."""
-    raise NotImplementedError
-
-
-@tool
-def cancel_booking(booking_id: str) -> dict[str, Any]:
-    """Cancel a booking."""
-    raise NotImplementedError
-
-
-TOOLS = [search_hotels, book_hotel, get_booking, cancel_booking]
 
 
 @pytest.fixture
@@ -64,40 +34,7 @@ async def base_url(redis: object, settings_env: pytest.MonkeyPatch) -> AsyncIter
 
 
 def model(base_url: str, name: str = PRIMARY_MODEL, **kwargs: Any) -> ChatOpenAI:
-    options: dict[str, Any] = {"api_key": KEY, "max_retries": 0, "stream_usage": True, "timeout": 20}
-    options.update(kwargs)
-    return ChatOpenAI(model=name, base_url=base_url, **options)
-
-
-async def streamed(chat: Any, messages: list[BaseMessage]) -> AIMessage:
-    full = None
-    async for chunk in chat.astream(messages):
-        full = chunk if full is None else full + chunk
-    assert full is not None
-    return AIMessage(
-        content=full.content,
-        tool_calls=full.tool_calls,
-        usage_metadata=full.usage_metadata,
-        response_metadata=full.response_metadata,
-    )
-
-
-def offers(city: str = "Lisbon", max_price: float | None = None) -> list[dict[str, Any]]:
-    """What search-agent answers: bookable offers, cheapest first."""
-    found = [
-        {
-            "hotel_id": h.hotel_id,
-            "name": h.name,
-            "city": h.city,
-            "stars": h.stars,
-            "price_per_night": h.price_per_night,
-            "currency": h.currency,
-            "available_rooms": 3,
-        }
-        for h in hotels_in(city)
-        if max_price is None or h.price_per_night <= max_price
-    ]
-    return sorted(found, key=lambda o: (o["price_per_night"], -o["stars"], o["hotel_id"]))
+    return chat_model(base_url, KEY, name, **kwargs)
 
 
 SEARCH = "two nights in Lisbon from 10 March for two, under 150 a night"
