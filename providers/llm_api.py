@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -190,9 +191,15 @@ admin = APIRouter(prefix="/admin", tags=["admin"])
             "content": {
                 "text/event-stream": {
                     "schema": {
-                        "type": "string",
-                        "description": "Server-sent events: `data: ` and one ChatCompletionChunk (JSON) each, then "
-                        "`data: [DONE]`.",
+                        "type": "object",
+                        "description": "One server-sent event: `data:` only, no `event:` or `id:`.",
+                        "required": ["data"],
+                        "properties": {
+                            "data": {
+                                "type": "string",
+                                "description": "A ChatCompletionChunk as JSON; the last event's is `[DONE]`.",
+                            }
+                        },
                     }
                 }
             },
@@ -215,8 +222,13 @@ async def list_models() -> dict[str, Any]:
     return {"object": "list", "data": [_card(m) for m in SIMULATED_MODELS]}
 
 
+ModelPath = Annotated[
+    str, Path(description="A model's id; any other answers 404.", json_schema_extra={"enum": list(SIMULATED_MODELS)})
+]
+
+
 @business.get(f"{V1}/models/{{model}}", response_model=ModelCard, responses=_openai_answers(404))
-async def get_model(model: str) -> dict[str, Any]:
+async def get_model(model: ModelPath) -> dict[str, Any]:
     if model not in SIMULATED_MODELS:
         raise model_not_found(model)
     return _card(model)
@@ -262,7 +274,8 @@ def create_app() -> FastAPI:
 
     async def openai_answer(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, OpenAIApiError)
-        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
+        headers = {"x-request-id": f"req_{uuid.uuid4().hex}", **exc.headers}
+        return JSONResponse(exc.body, status_code=exc.status, headers=headers)
 
     app.add_exception_handler(OpenAIApiError, openai_answer)
     app.add_middleware(ApiKeyGuard)

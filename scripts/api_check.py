@@ -2,7 +2,7 @@
 
     python scripts/api_check.py [--max-examples N] [--seed S] [--service NAME ...] [--keep]
 
-Starts the six services with the tests' harness (``tests.stack.Stack``: its own service secret and admin token,
+Starts the services with the tests' harness (``tests.stack.Stack``: its own service secret and admin token,
 one Redis key prefix, a fresh Postgres database on ``TEST_DATABASE_URL`` when that server answers, else the SQLite
 checkpointer), then runs ``schemathesis run <service>/openapi.json --checks all`` against each one, every phase
 (examples, coverage, fuzzing, stateful), ``--max-examples`` cases per operation (default 25) from a fixed seed so a
@@ -18,7 +18,8 @@ What is left out, and why:
   documents, not us. Its 401 and the shell's answers are documented all the same; tests/e2e covers its behaviour.
 - nothing else. ``/admin/faults`` is run last, on its own: a generated ``PUT`` (``hang``, ``error_rate``) would
   otherwise break the provider, and search-agent and the bookings behind it, for every run after it; the faults
-  are cleared afterwards.
+  are cleared afterwards. llm-api's ``/v1`` (OpenAI's wire) has a run of its own too, presenting the model API key
+  (``LLM_API_KEY``) where the others present the admin token.
 
 This file is also the schemathesis hooks module (``SCHEMATHESIS_HOOKS``), importing only schemathesis and the
 standard library; its ``before_call`` changes *positive* cases only (those that fit the schema), so that schema-valid
@@ -29,6 +30,9 @@ means valid and they reach the real work instead of a 422:
 - a ``GET /bookings`` cursor is one the API gave out, not any string: it becomes a position the API could have given;
 - ``Idempotency-Key`` names one operation: a generated key is a constant reused for every request, which the
   providers rightly refuse (422 ``idempotency_key_reused``); it gets a prefix derived from the request.
+- a chat history is in order only when every assistant tool call is answered by a tool message before anything
+  else and no tool message answers nothing (OpenAI refuses any other with 400), and a named ``tool_choice`` names
+  one of the ``tools``: a generated ``POST /v1/chat/completions`` body gets its history put in that order.
 
 And one documented answer is not a refusal of the request: ``POST /charges`` with a well-formed token the card
 processor declines answers 402 ``card_declined`` (``CONFIG``). Negative cases are left as generated.
@@ -55,11 +59,14 @@ import schemathesis
 from schemathesis.core.parameters import ParameterLocation
 
 REPO = Path(__file__).resolve().parents[1]
-SERVICES = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent", "recovery-worker")
+SERVICES = ("hotel-api", "payment-api", "llm-api", "search-agent", "payment-agent", "booking-agent", "recovery-worker")
 A2A_PATHS = ("/a2a",)
 """Left out of the agents' runs (see the module docstring)."""
 FAULTS_PATH = "/admin/faults"
-PROVIDERS = ("hotel-api", "payment-api")
+PROVIDERS = ("hotel-api", "payment-api", "llm-api")
+MODEL_API = "^/v1/"
+"""llm-api's OpenAI-compatible routes: their own run, with the model API key instead of the admin token."""
+CHAT_PATH = "/v1/chat/completions"
 DEFAULT_MAX_EXAMPLES = 25
 DEFAULT_SEED = 20270110
 REQUEST_TIMEOUT_S = 70.0
@@ -114,6 +121,41 @@ def _cursor(generated: str) -> str:
     return base64.urlsafe_b64encode(f"{float(len(generated))!r}|{booking_id}".encode()).decode().rstrip("=")
 
 
+def _answered_history(messages: list[Any]) -> list[Any]:
+    """A chat history in the order OpenAI takes (which a JSON Schema cannot say): every assistant tool call answered
+    by a tool message before anything else, and no tool message answering nothing."""
+    repaired: list[Any] = []
+    waiting: list[str] = []
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "tool":
+            if message.get("tool_call_id") in waiting:
+                waiting.remove(message["tool_call_id"])
+                repaired.append(message)
+            continue
+        repaired += [{"role": "tool", "content": "{}", "tool_call_id": pending} for pending in waiting]
+        waiting = []
+        if isinstance(message, dict) and message.get("role") == "assistant" and message.get("tool_calls"):
+            calls = {c["id"]: c for c in message["tool_calls"] if isinstance(c, dict) and "id" in c}
+            message = {**message, "tool_calls": list(calls.values())}
+            waiting = list(calls)
+        repaired.append(message)
+    repaired += [{"role": "tool", "content": "{}", "tool_call_id": pending} for pending in waiting]
+    return repaired
+
+
+def _chat_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion OpenAI would take: its history in order, and a named ``tool_choice`` among ``tools``."""
+    out = dict(body)
+    if isinstance(out.get("messages"), list):
+        out["messages"] = _answered_history(out["messages"])
+    choice = out.get("tool_choice")
+    if isinstance(choice, dict):
+        names = {t.get("function", {}).get("name") for t in out.get("tools") or [] if isinstance(t, dict)}
+        if choice.get("function", {}).get("name") not in names:
+            out.pop("tool_choice")
+    return out
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     """Right before the request goes out, on the case as it will be sent (a phase may still change a case after
@@ -132,6 +174,8 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     query = case.query
     if isinstance(query, dict) and isinstance(query.get("cursor"), str) and _positive(case, ParameterLocation.QUERY):
         case.query = {**query, "cursor": _cursor(query["cursor"])}
+    if case.path == CHAT_PATH and isinstance(case.body, dict) and _positive(case, ParameterLocation.BODY):
+        case.body = _chat_request(case.body)
     headers = case.headers
     if headers and isinstance(headers.get(IDEMPOTENCY_HEADER), str) and _positive(case, ParameterLocation.HEADER):
         headers = headers.copy()
@@ -211,7 +255,7 @@ def _batches(items: Any, size: int) -> Any:
 def _schemathesis(
     url: str,
     args: argparse.Namespace,
-    admin_token: str,
+    token: str,
     work: Path,
     label: str,
     *,
@@ -235,7 +279,7 @@ def _schemathesis(
         "--generation-database",
         "none",
         "--header",
-        f"Authorization: Bearer {admin_token}",
+        f"Authorization: Bearer {token}",
         "--report",
         "junit",
         "--report-junit-path",
@@ -243,9 +287,9 @@ def _schemathesis(
         "--no-color",
     ]
     if include is not None:
-        argv += ["--include-path", include]
+        argv += ["--include-path-regex" if include.startswith("^") else "--include-path", include]
     for path in exclude:
-        argv += ["--exclude-path", path]
+        argv += ["--exclude-path-regex" if path.startswith("^") else "--exclude-path", path]
     return argv
 
 
@@ -292,14 +336,16 @@ def main() -> int:
             passes: list[tuple[str, str | None, list[str]]] = [
                 (name, None, [FAULTS_PATH] if name in PROVIDERS else [*A2A_PATHS]) for name in services
             ]
+            if "llm-api" in services:
+                passes[services.index("llm-api")][2].append(MODEL_API)
+                passes.append(("llm-api", MODEL_API, []))
             passes += [(name, FAULTS_PATH, []) for name in services if name in PROVIDERS]
             (work / "schemathesis.toml").write_text(CONFIG)
             for name, include, exclude in passes:
                 label = name if include is None else f"{name} {include}"
-                slug = label.replace(" ", "").replace("/", "_")
-                argv = _schemathesis(
-                    stack.url(name), args, stack.admin_token, work, slug, include=include, exclude=exclude
-                )
+                slug = label.replace(" ", "").replace("/", "_").replace("^", "")
+                token = stack.llm_api_key if include == MODEL_API else stack.admin_token
+                argv = _schemathesis(stack.url(name), args, token, work, slug, include=include, exclude=exclude)
                 ok, elapsed = _run(argv, label, work / f"{slug}.log")
                 results.append((label, ok, elapsed))
                 if include == FAULTS_PATH:

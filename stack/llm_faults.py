@@ -51,7 +51,9 @@ def add_llm_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default=None, metavar="NAME", help=f"one model: {' or '.join(SIMULATED_MODELS)}")
     group.add_argument("--first-token-latency", default=None, metavar="S", help="delay before the first token")
     group.add_argument("--token-delay", default=None, metavar="S", help="delay between tokens")
-    group.add_argument("--error-count", default=None, metavar="N", help="the next N requests answer --error-status")
+    group.add_argument(
+        "--error-count", default=None, metavar="N", help="only the next N requests fail (all, or --error-rate of them)"
+    )
     group.add_argument(
         "--error-status", default=None, metavar="CODE", help=f"{', '.join(map(str, ERROR_STATUSES))} (default 503)"
     )
@@ -167,17 +169,17 @@ def _describe_one(faults: dict[str, Any], left: int | None) -> str:
     if faults.get("token_delay_s"):
         parts.append(f"{faults['token_delay_s']:g}s a token")
     if faults.get("error_count") is not None or faults.get("error_rate"):
-        which = (
-            f"next {faults['error_count']} ({left if left is not None else 0} left)"
-            if faults.get("error_count") is not None
-            else f"rate {faults['error_rate']:g}"
-        )
+        which = []
+        if faults.get("error_count") is not None:
+            which.append(f"next {faults['error_count']} ({left if left is not None else 0} left)")
+        if faults.get("error_rate"):
+            which.append(f"rate {faults['error_rate']:g}")
         code = f" {faults['error_code']}" if faults.get("error_code") else ""
         after = f", retry-after {faults['retry_after_s']:g}s" if faults.get("retry_after_s") is not None else ""
         retry = (
             f", x-should-retry {str(faults['should_retry']).lower()}" if faults.get("should_retry") is not None else ""
         )
-        parts.append(f"error {faults.get('error_status', 503)}{code} {which}{after}{retry}")
+        parts.append(f"error {faults.get('error_status', 503)}{code} {' at '.join(which)}{after}{retry}")
     for flag, words in (
         ("context_length_exceeded", "context length exceeded"),
         ("hang", "hang"),

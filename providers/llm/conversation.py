@@ -213,7 +213,11 @@ class _Step:
 
     @property
     def error(self) -> dict[str, Any] | None:
-        return _error_of(_unwrap(self.result)) if self.answered else None
+        """The tool's error; a booking that failed is a result (its ``error`` is the booking's), not one."""
+        data = _unwrap(self.result)
+        if not self.answered or (isinstance(data, Mapping) and "booking_id" in data and "status" in data):
+            return None
+        return _error_of(data)
 
 
 class Conversation:
@@ -423,10 +427,12 @@ class Conversation:
             return Decision(text=HELP)
         latest = [s for s in turn if s.index == step.index]
         step = latest[0]
+        data = _unwrap(step.result)
+        if step.name == BOOK_HOTEL and _declined(data):
+            return Decision(text=f"All right, I did not book {self._hotel_name(step)}. Anything else?")
         error = step.error
         if error is not None:
             return self._after_error(step, error, turn)
-        data = _unwrap(step.result)
         if step.name == SEARCH_HOTELS:
             return self._after_search(step, data)
         if step.name == BOOK_HOTEL:
@@ -485,8 +491,6 @@ class Conversation:
 
     def _booked_text(self, step: _Step, data: Any) -> str:
         name = self._hotel_name(step)
-        if _declined(data):
-            return f"All right, I did not book {name}. Anything else?"
         booking = _booking_of(data) or {}
         booking_id = booking.get("booking_id", "?")
         status = str(booking.get("status") or "unknown")

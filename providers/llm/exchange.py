@@ -269,9 +269,8 @@ class Exchange:
     async def _inject_refusal(self, body: ChatCompletionRequest, tokens: int) -> Response | None:
         faults = self.faults
         if faults.injects_errors:
-            if faults.error_count is not None:
-                hit = await take_error(self.redis, body.model)
-            else:
+            hit = faults.error_count is None or await take_error(self.redis, body.model)
+            if hit and (faults.error_count is None or faults.error_rate > 0):
                 hit = self.rng() < faults.error_rate
             if hit:
                 self._injected(f"error_{faults.error_status}")

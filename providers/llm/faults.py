@@ -4,7 +4,7 @@
 ``GET`` shows them all with what is left of each ``error_count``, ``DELETE [?model=]`` clears them (and the rate
 windows). A request meets them in this order (docs/llm-api.md): the rate limits (``rpm``, ``tpm`` over a rolling
 minute, 429 ``rate_limit_exceeded``), an injected error (``error_count``: the next N requests; ``error_rate``: that
-fraction), ``context_length_exceeded``, ``hang``; then the answer, delayed by ``first_token_latency_s`` and
+fraction, of them when both are set), ``context_length_exceeded``, ``hang``; then the answer, delayed by ``first_token_latency_s`` and
 ``token_delay_s`` per token, cut after ``cut_after_tokens``, its tool call arguments broken by ``malformed_tool_args``,
 or replaced by another search when ``loop_tool``.
 """
@@ -15,15 +15,15 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
 from domain.llm import SIMULATED_MODELS
 from infra.redis import RedisScript
 from providers.keys import provider_key
-from providers.llm.wire import openai_error
+from providers.llm.wire import WHOLE, openai_error
 
 __all__ = [
     "ERROR_STATUSES",
@@ -60,11 +60,23 @@ class ModelFaults(BaseModel):
 
     first_token_latency_s: float = Field(0.0, ge=0, le=300, allow_inf_nan=False, description="Before the first token.")
     token_delay_s: float = Field(0.0, ge=0, le=10, allow_inf_nan=False, description="Between two tokens.")
-    error_rate: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="This fraction answers `error_status`.")
-    error_count: int | None = Field(None, ge=1, le=1_000_000, description="The next N requests answer `error_status`.")
+    error_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="This fraction of the requests answers `error_status` (of the next `error_count`, when set).",
+    )
+    error_count: Annotated[int, Field(ge=1, le=1_000_000), WHOLE] | None = Field(
+        None,
+        description="Only the next N requests (across every replica) may fail: all of them, or `error_rate` of them.",
+    )
     error_status: Literal[429, 500, 502, 503, 529] = 503
-    error_code: Literal["rate_limit_exceeded", "insufficient_quota"] | None = Field(
-        None, description="A 429's OpenAI `code` (default `rate_limit_exceeded`)."
+    error_code: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9_]{0,63}$",
+        description="The error's OpenAI `code` (default: `rate_limit_exceeded` for a 429, the status's own else); "
+        "a 429 `insufficient_quota` is the billing one (its `type` too).",
     )
     retry_after_s: float | None = Field(
         None,
@@ -76,23 +88,19 @@ class ModelFaults(BaseModel):
     should_retry: bool | None = Field(None, description="Sent as `x-should-retry: true|false`.")
     context_length_exceeded: bool = Field(False, description="Answer 400 `context_length_exceeded`.")
     hang: bool = Field(False, description="Hold every request until its client leaves.")
-    cut_after_tokens: int | None = Field(
-        None, ge=0, le=100_000, description="Drop the connection after this many tokens (no `[DONE]`)."
+    cut_after_tokens: Annotated[int, Field(ge=0, le=100_000), WHOLE] | None = Field(
+        None, description="Drop the connection after this many tokens (no `[DONE]`)."
     )
     malformed_tool_args: Literal["invalid_json", "bad_stay"] | None = Field(
         None, description="A tool call's arguments: not JSON, or a stay that breaks the rules."
     )
     loop_tool: bool = Field(False, description="Call `search_hotels` on every request, never answer in words.")
-    rpm: int | None = Field(None, ge=1, le=1_000_000, description="Requests per rolling minute.")
-    tpm: int | None = Field(None, ge=1, le=100_000_000, description="Tokens (prompt + answer) per rolling minute.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        if self.error_count is not None and self.error_rate > 0:
-            raise ValueError("error_count (the next N requests) and error_rate (a fraction of them) exclude each other")
-        if self.error_code is not None and self.error_status != 429:
-            raise ValueError("error_code is for a 429: set error_status to 429 too")
-        return self
+    rpm: Annotated[int, Field(ge=1, le=1_000_000), WHOLE] | None = Field(
+        None, description="Requests per rolling minute."
+    )
+    tpm: Annotated[int, Field(ge=1, le=100_000_000), WHOLE] | None = Field(
+        None, description="Tokens (prompt + answer) per rolling minute."
+    )
 
     @property
     def injects_errors(self) -> bool:
@@ -190,7 +198,7 @@ return 1
 
 
 async def take_error(redis: Redis, model: str) -> bool:
-    """One of the next-N errors, if any is left (across every replica)."""
+    """One of the next N requests, if any is left (counted across every replica)."""
     return bool(await _TAKE_ERROR(redis, keys=[_errors_key(model)]))
 
 
@@ -314,9 +322,9 @@ def injected_error(faults: ModelFaults, model: str) -> tuple[int, dict[str, Any]
             return 429, openai_error(message, "insufficient_quota", code="insufficient_quota"), headers
         wait = f" Please try again in {faults.retry_after_s:g}s." if faults.retry_after_s is not None else ""
         message = f"Rate limit reached for {model} on requests per min (RPM).{wait}"
-        return 429, openai_error(message, "requests", code="rate_limit_exceeded"), headers
+        return 429, openai_error(message, "requests", code=faults.error_code or "rate_limit_exceeded"), headers
     message, type_, code = _ERRORS[faults.error_status]
-    return faults.error_status, openai_error(message, type_, code=code), headers
+    return faults.error_status, openai_error(message, type_, code=faults.error_code or code), headers
 
 
 def refusal(

@@ -500,7 +500,15 @@ def read(text: str, today: date, cities: Sequence[str] = ()) -> Reading:
     selection = _selection(_without_dates(text))
     ambiguous = tuple(m["text"] for m in _NUMERIC_DATE.finditer(text))
     mentions_stay = any(
-        (slots.city, slots.checkin, slots.checkout, slots.nights, slots.guests, slots.max_price is not None)
+        (
+            slots.city,
+            slots.checkin,
+            slots.checkout,
+            slots.nights,
+            slots.guests,
+            slots.max_price is not None,
+            slots.no_price_limit,
+        )
     )
     wants_booking = bool(_BOOK.search(text))
     booking_id = find_booking_id(text)

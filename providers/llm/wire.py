@@ -14,10 +14,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from domain.llm import SIMULATED_MODELS
 
 __all__ = [
     "MAX_OUTPUT_TOKENS",
+    "WHOLE",
     "AssistantMessage",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -62,6 +65,16 @@ def call_id() -> str:
 # ------------------------------------------------------------------------------------------------------ request
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _whole(value: object) -> object:
+    """JSON's ``1.0`` is the integer 1 (JSON Schema says so); a string or a boolean is still refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WHOLE = BeforeValidator(_whole)
+"""``Annotated[int, Field(...), WHOLE]``: an integer as JSON writes one, ``3`` or ``3.0`` (after the ``Field``, so
+that the schema keeps its bounds)."""
 
 
 class TextPart(BaseModel):
@@ -181,28 +194,33 @@ class ChatCompletionRequest(BaseModel):
 
     model_config = _STRICT
 
-    model: str = Field(min_length=1, max_length=256)
+    model: str = Field(
+        min_length=1,
+        max_length=256,
+        description="One of the models served (`GET /v1/models`); any other answers 404 `model_not_found`.",
+        json_schema_extra={"enum": list(SIMULATED_MODELS)},
+    )
     messages: list[Message] = Field(min_length=1, max_length=2048)
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
-    n: int | None = Field(None, ge=1, le=1, description="One choice only.")
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS), WHOLE] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS), WHOLE] | None = None
+    n: Annotated[int, Field(ge=1, le=1), WHOLE] | None = Field(None, description="One choice only.")
     temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
     top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
     presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
-    seed: int | None = None
+    seed: Annotated[int, WHOLE] | None = None
     stop: str | list[str] | None = Field(None, description="Accepted; the answers here never contain one.")
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
     logprobs: bool | None = Field(None, description="Accepted; `logprobs` is always null.")
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Annotated[int, Field(ge=0, le=20), WHOLE] | None = None
     reasoning_effort: str | None = None
     response_format: ResponseFormat | None = None
     prompt_cache_key: str | None = None
@@ -244,7 +262,7 @@ def text_of(content: str | Sequence[Any] | None) -> str:
 def history_error(messages: Sequence[SystemMessage | UserMessage | AssistantMessage | ToolMessage]) -> str | None:
     """What OpenAI would refuse in the order of a history (a tool call without its result, a result without its
     call), as its message; ``None`` when the history is sound."""
-    waiting: dict[str, int] = {}
+    waiting: set[str] = set()
     for index, message in enumerate(messages):
         if isinstance(message, ToolMessage):
             if message.tool_call_id not in waiting:
@@ -252,16 +270,17 @@ def history_error(messages: Sequence[SystemMessage | UserMessage | AssistantMess
                     f"Invalid parameter: messages[{index}]: messages with role 'tool' must be a response to a "
                     f"preceding message with 'tool_calls' (no open tool call {message.tool_call_id!r})."
                 )
-            del waiting[message.tool_call_id]
+            waiting.discard(message.tool_call_id)
             continue
         if waiting:
-            ids = ", ".join(sorted(waiting))
-            return (
-                f"An assistant message with 'tool_calls' must be followed by tool messages responding to each "
-                f"'tool_call_id'. The following tool_call_ids did not have response messages: {ids}"
-            )
+            break
         if isinstance(message, AssistantMessage):
-            waiting = {call.id: index for call in message.tool_calls or ()}
+            waiting = {call.id for call in message.tool_calls or ()}
+    if waiting:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(sorted(waiting))}"
+        )
     return None
 
 

@@ -18,10 +18,11 @@ import pytest
 
 from infra.settings import get_settings
 from stack.book import booking_body, steps_between
-from stack.cli import main
+from stack.cli import build_parser, main
 from stack.down import stop_stack
 from stack.errors import StackNotRunningError, UsageError
 from stack.layout import parse_assignments, plan_fronts, plan_instances, select_instances
+from stack.llm_faults import describe_llm_faults, llm_fault_body
 from stack.logstream import LogStreamer
 from stack.ops import fault_body
 from stack.redis_server import RedisPlan
@@ -235,6 +236,19 @@ def test_bad_booking_arguments_are_refused_before_any_request(
         (("fault", "hotel-api", "--error-rate", "2"), "--error-rate must be between 0 and 1"),
         (("fault", "hotel-api", "--latency", "soon"), "--latency must be a number"),
         (("fault", "hotel-api", "--clear", "--hang"), "cannot be combined"),
+        (("fault", "hotel-api", "--rpm", "10"), "--rpm is an llm-api option"),
+        (("fault", "payment-api", "--model", "sim-large"), "--model is an llm-api option"),
+        (("fault", "llm-api", "--model", "gpt-4"), "--model must be sim-large or sim-small"),
+        (("fault", "llm-api", "--error-status", "418"), "--error-status: Input should be 429, 500, 502, 503 or 529"),
+        (("fault", "llm-api", "--error-count", "0"), "--error-count: Input should be greater than or equal to 1"),
+        (("fault", "llm-api", "--error-code", "Not A Code"), "--error-code: String should match pattern"),
+        (("fault", "llm-api", "--retry-after", "soon"), "--retry-after must be a number"),
+        (("fault", "llm-api", "--should-retry", "maybe"), "--should-retry must be true or false"),
+        (("fault", "llm-api", "--cut-after-tokens", "1.5"), "--cut-after-tokens must be a whole number"),
+        (("fault", "llm-api", "--malformed-tool-args", "yes"), "--malformed-tool-args: Input should be"),
+        (("fault", "llm-api", "--token-delay", "inf"), "--token-delay must be a finite number"),
+        (("fault", "llm-api", "--rpm", "0"), "--rpm: Input should be greater than or equal to 1"),
+        (("fault", "llm-api", "--clear", "--hang"), "cannot be combined"),
         (("cancel", "no/such id"), "not a booking id"),
     ],
 )
@@ -272,6 +286,33 @@ def test_fault_options_become_the_provider_body() -> None:
     args = argparse.Namespace(latency="2.5", error_rate=None, hang=False)
     assert fault_body(args) == {"latency_s": 2.5, "error_rate": 0.0, "hang": False}
     assert fault_body(argparse.Namespace(latency=None, error_rate=None, hang=False)) is None
+
+
+def test_llm_fault_options_become_the_simulators_body() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        ["fault", "llm-api", "--model", "sim-small", "--error-count", "1", "--error-status", "429", "--retry-after",
+         "1.5", "--should-retry", "false", "--latency", "0.2", "--token-delay", "0.01", "--rpm", "60"]
+    )  # fmt: skip
+    assert llm_fault_body(args) == {
+        "model": "sim-small",
+        "error_count": 1,
+        "error_status": 429,
+        "retry_after_s": 1.5,
+        "should_retry": False,
+        "first_token_latency_s": 0.2,
+        "token_delay_s": 0.01,
+        "rpm": 60,
+    }
+    flags = parser.parse_args(["fault", "llm-api", "--hang", "--loop-tool", "--context-length-exceeded"])
+    assert llm_fault_body(flags) == {"model": None, "hang": True, "loop_tool": True, "context_length_exceeded": True}
+    assert llm_fault_body(parser.parse_args(["fault", "llm-api", "--model", "sim-large"])) is None  # show one model
+    view = {
+        "models": {"sim-large": {"error_status": 429, "error_count": 2, "retry_after_s": 1}, "sim-small": {}},
+        "errors_left": {"sim-large": 1, "sim-small": None},
+    }
+    assert describe_llm_faults(view) == "sim-large: error 429 next 2 (1 left), retry-after 1s; sim-small: none"
+    assert describe_llm_faults(view, "sim-small") == "sim-small: none"
 
 
 # ---------------------------------------------------------------------------------------------- state
