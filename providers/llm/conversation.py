@@ -451,9 +451,12 @@ class Conversation:
             offer = select_offer(reading.selection, offers)
             if offer is not None and BOOK_HOTEL in self.offered:
                 return self._book(offer, searched)
-        return Decision(text=self._offers_text(offers, searched))
+        found = data.get("found") if isinstance(data, Mapping) else None
+        total = found if isinstance(found, int) and found > len(offers) else len(offers)
+        return Decision(text=self._offers_text(offers, searched, total))
 
-    def _offers_text(self, offers: Sequence[Mapping[str, Any]], searched: Mapping[str, Any]) -> str:
+    def _offers_text(self, offers: Sequence[Mapping[str, Any]], searched: Mapping[str, Any], total: int) -> str:
+        """The offers shown (``total``: how many were found, when the tool showed fewer)."""
         city = searched.get("city") or "that city"
         guests = searched.get("guests")
         when = ""
@@ -472,7 +475,8 @@ class Conversation:
                 f"I found no hotel in {city} with rooms{when}{under}. Shall I try other dates, another city or a "
                 "higher price limit?"
             )
-        lines = [f"I found {_plural(len(offers), 'hotel')} in {city}{when}{under}, cheapest first:"]
+        shown = "cheapest first" if total == len(offers) else f"the {len(offers)} cheapest"
+        lines = [f"I found {_plural(total, 'hotel')} in {city}{when}{under}, {shown}:"]
         for number, offer in enumerate(offers, 1):
             stars = f", {offer['stars']} stars" if isinstance(offer.get("stars"), int) else ""
             price = _money(offer.get("price_per_night"), offer.get("currency"))

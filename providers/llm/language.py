@@ -133,10 +133,10 @@ _PRICE_PER_NIGHT = re.compile(
 _NIGHTS = re.compile(r"\b" + _p(_NUMBER, name="n") + r"\s+(?P<unit>nights?|weeks?)\b", re.I)
 _A_NIGHT = re.compile(r"\b(?:for\s+)?(?:a|one|the)\s+(?P<unit>night|week)\b", re.I)
 _CHECKOUT_WORDS = re.compile(
-    r"(?:check[- ]?out|leaving|leave|depart(?:ure|ing)?|until|till|through|to|and)\s*(?:on|is|:|the)?\s*$", re.I
+    r"\b(?:check[- ]?out|leaving|leave|depart(?:ure|ing)?|until|till|through|to|and)\s*(?:on|is|:|the)?\s*$", re.I
 )
 _CHECKIN_WORDS = re.compile(
-    r"(?:check[- ]?in|arriv(?:e|ing|al)|from|starting|start|on|beginning)\s*(?:on|is|:|the)?\s*$", re.I
+    r"\b(?:check[- ]?in|arriv(?:e|ing|al)|from|starting|start|on|beginning)\s*(?:on|is|:|the)?\s*$", re.I
 )
 _GUESTS = (
     re.compile(r"\b" + _p(_COUNT, name="n") + r"\s+(?:guests?|people|persons?|adults?|travell?ers|of us)\b", re.I),

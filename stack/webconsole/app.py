@@ -57,7 +57,8 @@ KEEPALIVE_S = 5.0
 BOOKINGS_SHOWN = 25
 FINAL_KINDS = frozenset({"confirmed", "failed", "cancelled"})
 """Journal kinds after which a booking's timeline has nothing more to say."""
-PROVIDERS = ("hotel-api", "payment-api")
+PROVIDERS = ("hotel-api", "payment-api", "llm-api")
+Provider = Literal["hotel-api", "payment-api", "llm-api"]
 CONSOLE_HEADER = "X-Concierge-Console"
 """Sent by the page with every mutating request: a custom header makes a cross-origin browser request preflighted,
 and the console answers no preflight."""
@@ -105,6 +106,12 @@ class FaultForm(BaseModel):
     latency_s: float = Field(default=0.0, ge=0, le=300, allow_inf_nan=False)
     error_rate: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     hang: bool = False
+
+    def body(self, provider: str) -> dict[str, Any]:
+        """The provider's PUT body; llm-api's for every model (its latency is the latency to the first token)."""
+        if provider == "llm-api":
+            return {"first_token_latency_s": self.latency_s, "error_rate": self.error_rate, "hang": self.hang}
+        return self.model_dump()
 
 
 # ----------------------------------------------------------------------------------------------------- the stack
@@ -495,11 +502,11 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         return await _to_booking_agent(watcher_of(request), send)
 
     @app.put("/api/faults/{provider}", tags=["console"])
-    async def inject(request: Request, provider: Literal["hotel-api", "payment-api"], form: FaultForm) -> Response:
-        return await _admin_faults(watcher_of(request), provider, "PUT", form.model_dump())
+    async def inject(request: Request, provider: Provider, form: FaultForm) -> Response:
+        return await _admin_faults(watcher_of(request), provider, "PUT", form.body(provider))
 
     @app.delete("/api/faults/{provider}", tags=["console"])
-    async def clear(request: Request, provider: Literal["hotel-api", "payment-api"]) -> Response:
+    async def clear(request: Request, provider: Provider) -> Response:
         return await _admin_faults(watcher_of(request), provider, "DELETE", None)
 
     @app.post("/api/services/{target}/{op}", tags=["console"])

@@ -46,7 +46,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
     with Stack(tmp, redis_url, env=env) as stack:
         stack.ports["console"] = free_port()
         # all at once, and a generous bound on the wait: the machine may be busy
-        started = [stack.serve(name, wait=False) for name in (*CORE, "recovery-worker", "console")]
+        started = [stack.serve(name, wait=False) for name in (*CORE, "llm-api", "recovery-worker", "console")]
         for proc in started:
             proc.wait_ready(timeout=READY_S)
         yield stack
@@ -115,6 +115,24 @@ def test_the_overview_without_a_supervisor(stack: Stack) -> None:
     # the admin token is the console's own: nothing it serves contains it
     streamed = httpx.get(f"{console(stack)}/api/overview", timeout=30).text
     assert stack.admin_token not in streamed and stack.admin_token not in page
+
+
+def test_the_console_drives_llm_apis_faults_for_every_model(stack: Stack) -> None:
+    base = console(stack)
+    injected = httpx.put(f"{base}/api/faults/llm-api", json={"latency_s": 1.5, "error_rate": 0.25}, headers=CONSOLE)
+    assert injected.status_code == 200, injected.text
+    expected = {"sim-large": (1.5, 0.25), "sim-small": (1.5, 0.25)}
+    deadline = time.monotonic() + 10
+    while True:  # the overview is built once a second
+        faults = httpx.get(f"{base}/api/overview", timeout=30).json()["faults"]["llm-api"]["models"]
+        shown = {m: (f["first_token_latency_s"], f["error_rate"]) for m, f in faults.items()}
+        if shown == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert shown == expected
+    cleared = httpx.delete(f"{base}/api/faults/llm-api", headers=CONSOLE)
+    assert cleared.status_code == 200, cleared.text
+    assert stack.admin("GET", "llm-api", "faults").json()["models"]["sim-large"]["first_token_latency_s"] == 0
 
 
 def test_bad_input_is_a_4xx_naming_the_field(stack: Stack) -> None:

@@ -126,6 +126,28 @@ def called(decision: Decision) -> tuple[str, dict[str, Any]]:
             {"city": "Tokyo", "checkin": "2031-06-03", "checkout": "2031-06-05", "guests": 2},
         ),
         (
+            "Porto the day after tomorrow for a night for 2",
+            {"city": "Porto", "checkin": "2030-12-22", "checkout": "2030-12-23", "guests": 2},
+        ),
+        (
+            "Lisbon, Mar 10th for 2 nights, 2 guests, 150 max",
+            {
+                "city": "Lisbon",
+                "checkin": "2031-03-10",
+                "checkout": "2031-03-12",
+                "guests": 2,
+                "max_price_per_night": 150.0,
+            },
+        ),
+        (
+            "Paris March 10-12 for 2 adults",
+            {"city": "Paris", "checkin": "2031-03-10", "checkout": "2031-03-12", "guests": 2},
+        ),
+        (
+            "guests: 3 in Vienna, visiting from 1 May for 2 nights",
+            {"city": "Vienna", "checkin": "2031-05-01", "checkout": "2031-05-03", "guests": 3},
+        ),
+        (
             "Barcelona for 2 from 1 May for 4 nights, up to 180 EUR",
             {
                 "city": "Barcelona",
@@ -269,6 +291,10 @@ def test_offers_are_listed_with_names_and_prices() -> None:
             f"{number}. {offer['name']}, {offer['stars']} stars: {offer['price_per_night']:.0f} EUR a night"
             in answer.text
         )
+    some = [*after_search()[:2], result({"offers": LISBON[:5], "found": 6})]
+    five = decide(*some)
+    assert five.text is not None and "I found 6 hotels in Lisbon" in five.text and "the 5 cheapest:" in five.text
+    assert LISBON[5]["name"] not in five.text
     nothing = decide(*after_search(found=[])[:3])
     assert nothing.text is not None and nothing.text.startswith("I found no hotel in Lisbon with rooms")
 

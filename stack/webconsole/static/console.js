@@ -103,14 +103,32 @@ function renderQueue(data) {
   })) : [Object.assign(document.createElement("li"), { textContent: "empty", className: "muted" })]));
 }
 
+// llm-api's faults are per model: the ones that are set, in a few words each
+function modelFaults(f) {
+  const parts = [];
+  if (f.first_token_latency_s) parts.push(`first token ${f.first_token_latency_s}s`);
+  if (f.token_delay_s) parts.push(`${f.token_delay_s}s a token`);
+  if (f.error_rate || f.error_count) parts.push(`error ${f.error_status}${f.error_count ? ` × next ${f.error_count}` : ""}${f.error_rate ? ` rate ${f.error_rate}` : ""}`);
+  for (const [key, words] of [["hang", "hang"], ["loop_tool", "loop"], ["context_length_exceeded", "context exceeded"]]) if (f[key]) parts.push(words);
+  if (f.cut_after_tokens !== null && f.cut_after_tokens !== undefined) parts.push(`cut after ${f.cut_after_tokens}`);
+  if (f.malformed_tool_args) parts.push(`args ${f.malformed_tool_args}`);
+  if (f.rpm || f.tpm) parts.push(`limits ${f.rpm ?? "-"} rpm ${f.tpm ?? "-"} tpm`);
+  return parts.join(" · ");
+}
+
 function renderFaults(faults) {
   $("#faults").replaceChildren(...Object.entries(faults).map(([name, f]) => {
     const p = document.createElement("p");
     p.dataset.provider = name;
+    let active = Boolean(f && (f.latency_s || f.error_rate || f.hang));
     if (!f) p.textContent = `${name}: unknown (no admin routes)`;
-    else if (!f.latency_s && !f.error_rate && !f.hang) p.textContent = `${name}: no faults`;
+    else if (f.models) {
+      const set = Object.entries(f.models).map(([model, m]) => [model, modelFaults(m)]).filter(([, words]) => words);
+      active = set.length > 0;
+      p.textContent = active ? `${name}: ${set.map(([model, words]) => `${model}: ${words}`).join("; ")}` : `${name}: no faults`;
+    } else if (!active) p.textContent = `${name}: no faults`;
     else p.textContent = `${name}: latency ${f.latency_s}s · error rate ${f.error_rate} · hang ${f.hang ? "on" : "off"}`;
-    p.className = f && (f.latency_s || f.error_rate || f.hang) ? "warn" : "muted";
+    p.className = active ? "warn" : "muted";
     return p;
   }));
 }
