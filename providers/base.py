@@ -10,6 +10,7 @@ is reached, and no body parsed, before the token is checked.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -32,6 +33,7 @@ __all__ = [
     "AdminGuard",
     "ProviderApiError",
     "create_provider_app",
+    "send_json",
 ]
 
 ADMIN_PREFIX = "/admin"
@@ -107,10 +109,11 @@ class ProviderApiError(Exception):
         self.body = provider_error(code, message, **extra)
 
 
-async def _send_json(send: Send, status: int, body: object, headers: list[tuple[bytes, bytes]]) -> None:
+async def send_json(send: Send, status: int, body: object, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """A JSON answer straight from ASGI (what a guard in front of routing sends)."""
     payload = json.dumps(body).encode()
     start_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": start_headers + headers})
+    await send({"type": "http.response.start", "status": status, "headers": [*start_headers, *headers]})
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -130,12 +133,12 @@ class AdminGuard:
             return
         expected = admin_token()
         if expected is None:
-            await _send_json(send, 404, {"detail": "Not Found"}, [])  # what an unknown path answers
+            await send_json(send, 404, {"detail": "Not Found"}, [])  # what an unknown path answers
             return
         header = next((bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), None)
         if not admin_token_ok(header, expected):
             body = provider_error("unauthorized", "admin routes need Authorization: Bearer $CONCIERGE_ADMIN_TOKEN")
-            await _send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
+            await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, receive, send)
 

@@ -205,19 +205,7 @@ async def search_hotels(query: Annotated[SearchQuery, Query()], redis: RedisDep)
     """Offers in ``city`` with enough rooms for the party on every night, cheapest first."""
     hotels = hotels_in(query.city)
     free = await _available(redis, hotels, query.nights)
-    offers = [
-        {
-            "hotel_id": h.hotel_id,
-            "name": h.name,
-            "city": h.city,
-            "stars": h.stars,
-            "price_per_night": h.price_per_night,
-            "currency": h.currency,
-            "available_rooms": free[h.hotel_id],
-        }
-        for h in hotels
-        if free[h.hotel_id] >= query.rooms
-    ]
+    offers = [h.offer(free[h.hotel_id]) for h in hotels if free[h.hotel_id] >= query.rooms]
     offers.sort(key=lambda o: (o["price_per_night"], o["hotel_id"]))
     return {"offers": offers}
 

@@ -11,6 +11,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 __all__ = ["CITIES", "CURRENCY", "HOTELS", "Hotel", "find_hotel", "hotels_in"]
 
@@ -48,6 +49,18 @@ class Hotel:
     rooms: int
     """Rooms the hotel has every night."""
     currency: str = CURRENCY
+
+    def offer(self, available_rooms: int) -> dict[str, Any]:
+        """This hotel as a search lists it (``infra.clients.wire.Offer``)."""
+        return {
+            "hotel_id": self.hotel_id,
+            "name": self.name,
+            "city": self.city,
+            "stars": self.stars,
+            "price_per_night": self.price_per_night,
+            "currency": self.currency,
+            "available_rooms": available_rooms,
+        }
 
     def describe(self) -> dict[str, object]:
         return {

@@ -16,7 +16,6 @@ call or with words, and counts usage with its own tokenizer (``providers.llm.tok
 from __future__ import annotations
 
 import hmac
-import json
 import uuid
 from typing import Annotated, Any
 
@@ -29,7 +28,7 @@ from domain.llm import SIMULATED_MODELS
 from infra.auth import llm_api_key
 from infra.service import get_redis
 from infra.service.openapi import Answer, document
-from providers.base import create_provider_app
+from providers.base import create_provider_app, send_json
 from providers.llm.exchange import CONTEXT_WINDOWS, PROVIDER, Exchange
 from providers.llm.faults import (
     ERROR_STATUSES,
@@ -67,13 +66,6 @@ RedisDep = Annotated[Redis, Depends(get_redis)]
 # --------------------------------------------------------------------------------------------------- the API key
 
 
-async def _send_json(send: Send, status: int, body: object) -> None:
-    payload = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
-
-
 def _mask(key: str) -> str:
     return f"{key[:3]}...{key[-4:]}" if len(key) > 8 else "***"
 
@@ -106,7 +98,7 @@ class ApiKeyGuard:
             )
         else:
             message = f"Incorrect API key provided: {_mask(presented)}."
-        await _send_json(send, 401, openai_error(message, "invalid_request_error", code="invalid_api_key"))
+        await send_json(send, 401, openai_error(message, "invalid_request_error", code="invalid_api_key"))
 
 
 def _same(presented: str, expected: str) -> bool:

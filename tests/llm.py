@@ -72,17 +72,5 @@ async def streamed(chat: Any, messages: list[BaseMessage]) -> AIMessage:
 
 def offers(city: str = "Lisbon", max_price: float | None = None) -> list[dict[str, Any]]:
     """What search-agent answers for ``city``: bookable offers, cheapest first (among equal prices, more stars)."""
-    found = [
-        {
-            "hotel_id": h.hotel_id,
-            "name": h.name,
-            "city": h.city,
-            "stars": h.stars,
-            "price_per_night": h.price_per_night,
-            "currency": h.currency,
-            "available_rooms": 3,
-        }
-        for h in hotels_in(city)
-        if max_price is None or h.price_per_night <= max_price
-    ]
+    found = [h.offer(3) for h in hotels_in(city) if max_price is None or h.price_per_night <= max_price]
     return sorted(found, key=lambda o: (o["price_per_night"], -o["stars"], o["hotel_id"]))

@@ -25,6 +25,17 @@ from providers.llm.language import (
     read,
     select_offer,
 )
+from providers.llm.phrasing import (
+    HELP,
+    ask_for_search,
+    booked_text,
+    cancel_text,
+    failure_text,
+    offers_text,
+    refused_text,
+    status_text,
+)
+from providers.llm.results import arguments_of, booking_of, declined, error_of, offers_of, parse_content, unwrap
 from providers.llm.wire import AssistantMessage, SystemMessage, ToolMessage, UserMessage, text_of
 
 __all__ = ["Conversation", "Decision", "PlannedCall", "today_from_prompt"]
@@ -34,28 +45,8 @@ AnyMessage = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 _TODAY = re.compile(
     r"\b(?:today is|today's date is|current date(?: is)?:?|the date is|date today:?)\s*(\d{4}-\d{2}-\d{2})", re.I
 )
-_MONTH_NAMES = (
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-)
 _BARE_NUMBER = re.compile(r"^\s*(\d{1,2}|one|two|three|four|five|six|seven|eight)\s*[.!]?\s*$", re.I)
 _WORD_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
-_DECLINED = ("declined", "refused", "rejected", "denied")
-HELP = (
-    "I can find and book hotels. Tell me the city, the dates and how many guests, for example: "
-    '"two nights in Lisbon from 10 March for two, under 150 a night". I can also tell you the status of a booking '
-    "or cancel it."
-)
 DEFAULT_SEARCH_DAYS_AHEAD = 30
 """A runaway search (``loop_tool``) with no stay in the conversation looks this far ahead, for two nights."""
 
@@ -91,110 +82,6 @@ def today_from_prompt(messages: Sequence[AnyMessage], default: date) -> date:
     return default
 
 
-def _day(value: date) -> str:
-    return f"{value.day} {_MONTH_NAMES[value.month - 1]} {value.year}"
-
-
-def _span(checkin: date, checkout: date) -> str:
-    if checkin.year == checkout.year:
-        return f"{checkin.day} {_MONTH_NAMES[checkin.month - 1]} to {_day(checkout)}"
-    return f"{_day(checkin)} to {_day(checkout)}"
-
-
-def _money(amount: object, currency: object) -> str:
-    if not isinstance(amount, int | float):
-        return "?"
-    shown = f"{amount:.0f}" if float(amount).is_integer() else f"{amount:.2f}"
-    return f"{shown} {currency or 'EUR'}"
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def _json(content: str) -> Any:
-    try:
-        return json.loads(content)
-    except ValueError:
-        return content
-
-
-def _unwrap(data: Any) -> Any:
-    """A tool result inside a wrapper (``{"result": ...}``, ``{"data": ...}``, ``{"output": ...}``)."""
-    for _ in range(3):
-        if isinstance(data, Mapping) and len(data) == 1:
-            ((key, inner),) = data.items()
-            if key in ("result", "data", "output", "content") and isinstance(inner, Mapping | list | str):
-                data = _json(inner) if isinstance(inner, str) else inner
-                continue
-        break
-    return data
-
-
-def _error_of(data: Any) -> dict[str, Any] | None:
-    """``{"code", "message", "field"}`` when a tool result is an error, else ``None``."""
-    if isinstance(data, str):
-        if re.match(r"^\s*(?:error|exception|tool error)\b", data, re.I):
-            return {"code": None, "message": data.strip(), "field": None}
-        return None
-    if not isinstance(data, Mapping):
-        return None
-    error = data.get("error")
-    if error is None or error is False:
-        return None
-    if isinstance(error, str):
-        message = data.get("message") if isinstance(data.get("message"), str) else None
-        return {"code": error, "message": message, "field": data.get("field") or data.get("param")}
-    if isinstance(error, Mapping):
-        return {
-            "code": error.get("code") or error.get("type"),
-            "message": error.get("message"),
-            "field": error.get("field") or error.get("param") or error.get("fields"),
-        }
-    return {"code": None, "message": str(error), "field": None}
-
-
-def _offers_of(data: Any) -> list[dict[str, Any]] | None:
-    if isinstance(data, Mapping) and isinstance(data.get("offers"), list):
-        return [o for o in data["offers"] if isinstance(o, Mapping)]  # type: ignore[misc]
-    if isinstance(data, list) and all(isinstance(o, Mapping) and "hotel_id" in o for o in data):
-        return list(data)
-    return None
-
-
-def _booking_of(data: Any) -> dict[str, Any] | None:
-    if isinstance(data, Mapping):
-        if isinstance(data.get("booking"), Mapping):
-            return dict(data["booking"])
-        if "booking_id" in data or "status" in data:
-            return dict(data)
-    return None
-
-
-def _declined(data: Any) -> bool:
-    """The person refused the approval (the concierge says so in the tool result)."""
-    if isinstance(data, str):
-        return any(word in data.lower() for word in _DECLINED) and "card" not in data.lower()
-    if not isinstance(data, Mapping):
-        return False
-    if data.get("approved") is False or data.get("approve") is False:
-        return True
-    status = str(data.get("status") or data.get("decision") or "").lower()
-    if status in _DECLINED:
-        return True
-    error = _error_of(data)
-    code = str((error or {}).get("code") or "").lower()
-    return any(word in code for word in _DECLINED) and "payment" not in code and "card" not in code
-
-
-def _arguments(raw: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
 @dataclass(frozen=True)
 class _Step:
     """One tool call of the conversation and its result (``None`` while it has none)."""
@@ -209,15 +96,15 @@ class _Step:
 
     @property
     def arguments(self) -> dict[str, Any] | None:
-        return _arguments(self.raw_arguments)
+        return arguments_of(self.raw_arguments)
 
     @property
     def error(self) -> dict[str, Any] | None:
         """The tool's error; a booking that failed is a result (its ``error`` is the booking's), not one."""
-        data = _unwrap(self.result)
+        data = unwrap(self.result)
         if not self.answered or (isinstance(data, Mapping) and "booking_id" in data and "status" in data):
             return None
-        return _error_of(data)
+        return error_of(data)
 
 
 class Conversation:
@@ -250,7 +137,12 @@ class Conversation:
                 at = by_id[message.tool_call_id]
                 step = steps[at]
                 steps[at] = _Step(
-                    step.index, step.call_id, step.name, step.raw_arguments, _json(text_of(message.content)), True
+                    step.index,
+                    step.call_id,
+                    step.name,
+                    step.raw_arguments,
+                    parse_content(text_of(message.content)),
+                    True,
                 )
         return steps
 
@@ -261,7 +153,7 @@ class Conversation:
     def _last_search(self) -> tuple[_Step, list[dict[str, Any]]] | None:
         for step in reversed(self.steps):
             if step.name == SEARCH_HOTELS and step.answered and step.error is None:
-                offers = _offers_of(_unwrap(step.result))
+                offers = offers_of(unwrap(step.result))
                 if offers is not None:
                     return step, offers
         return None
@@ -270,7 +162,7 @@ class Conversation:
         """The booking the conversation is about: the newest id said by anyone."""
         for message in reversed(self.messages):
             if isinstance(message, ToolMessage):
-                booking = _booking_of(_unwrap(_json(text_of(message.content))))
+                booking = booking_of(unwrap(parse_content(text_of(message.content))))
                 if booking and isinstance(booking.get("booking_id"), str):
                     return str(booking["booking_id"])
             elif isinstance(message, UserMessage | AssistantMessage):
@@ -339,7 +231,7 @@ class Conversation:
             if booked is not None:
                 return booked
             if not reading.mentions_stay and self._last_search() is None and self.search_arguments() is None:
-                return Decision(text=self._ask_for_search("Before I can book, I need to search."))
+                return Decision(text=ask_for_search(self.slots.missing(), "Before I can book, I need to search."))
         if reading.intent in (Intent.SEARCH, Intent.BOOK):
             return self._search()
         bare = _BARE_NUMBER.match(text_of(self.messages[self.last_user].content)) if self.last_user >= 0 else None
@@ -360,18 +252,10 @@ class Conversation:
             self.slots = StaySlots(**{**self.slots.__dict__, "nights": number})
         return self._search()
 
-    def _ask_for_search(self, lead: str = "") -> str:
-        missing = self.slots.missing()
-        if len(missing) > 1:
-            needs = ", ".join(missing[:-1]) + " and " + missing[-1]
-        else:
-            needs = missing[0] if missing else "the city, the dates and the guests"
-        return f"{lead} To search for a hotel I still need {needs}.".strip()
-
     def _search(self) -> Decision:
         arguments = self.search_arguments()
         if arguments is None:
-            return Decision(text=self._ask_for_search())
+            return Decision(text=ask_for_search(self.slots.missing()))
         return self._call(SEARCH_HOTELS, arguments, otherwise="I can't search for hotels here (no search tool).")
 
     def _about_booking(self, reading: Reading, tool: str, verb: str) -> Decision:
@@ -427,24 +311,24 @@ class Conversation:
             return Decision(text=HELP)
         latest = [s for s in turn if s.index == step.index]
         step = latest[0]
-        data = _unwrap(step.result)
-        if step.name == BOOK_HOTEL and _declined(data):
-            return Decision(text=f"All right, I did not book {self._hotel_name(step)}. Anything else?")
+        data = unwrap(step.result)
+        if step.name == BOOK_HOTEL and declined(data):
+            return Decision(text=refused_text(self._hotel_name(step)))
         error = step.error
         if error is not None:
             return self._after_error(step, error, turn)
         if step.name == SEARCH_HOTELS:
             return self._after_search(step, data)
         if step.name == BOOK_HOTEL:
-            return Decision(text=self._booked_text(step, data))
+            return Decision(text=booked_text(self._hotel_name(step), booking_of(data) or {}))
         if step.name == GET_BOOKING:
-            return Decision(text=self._status_text(data))
+            return Decision(text=status_text(booking_of(data) or {}))
         if step.name == CANCEL_BOOKING:
-            return Decision(text=self._cancel_text(data))
+            return Decision(text=cancel_text(booking_of(data) or {}))
         return Decision(text=f"Done: {json.dumps(data)[:300]}")
 
     def _after_search(self, step: _Step, data: Any) -> Decision:
-        offers = _offers_of(data) or []
+        offers = offers_of(data) or []
         searched = step.arguments or {}
         reading = self.reading
         if offers and reading is not None and reading.wants_booking:
@@ -453,36 +337,7 @@ class Conversation:
                 return self._book(offer, searched)
         found = data.get("found") if isinstance(data, Mapping) else None
         total = found if isinstance(found, int) and found > len(offers) else len(offers)
-        return Decision(text=self._offers_text(offers, searched, total))
-
-    def _offers_text(self, offers: Sequence[Mapping[str, Any]], searched: Mapping[str, Any], total: int) -> str:
-        """The offers shown (``total``: how many were found, when the tool showed fewer)."""
-        city = searched.get("city") or "that city"
-        guests = searched.get("guests")
-        when = ""
-        try:
-            checkin = date.fromisoformat(str(searched.get("checkin")))
-            checkout = date.fromisoformat(str(searched.get("checkout")))
-            nights = (checkout - checkin).days
-            when = f" from {_span(checkin, checkout)} ({_plural(nights, 'night')}"
-            when += f", {_plural(int(guests), 'guest')})" if isinstance(guests, int) else ")"
-        except ValueError:
-            pass
-        limit = searched.get("max_price_per_night")
-        under = f" under {_money(limit, offers[0].get('currency') if offers else 'EUR')} a night" if limit else ""
-        if not offers:
-            return (
-                f"I found no hotel in {city} with rooms{when}{under}. Shall I try other dates, another city or a "
-                "higher price limit?"
-            )
-        shown = "cheapest first" if total == len(offers) else f"the {len(offers)} cheapest"
-        lines = [f"I found {_plural(total, 'hotel')} in {city}{when}{under}, {shown}:"]
-        for number, offer in enumerate(offers, 1):
-            stars = f", {offer['stars']} stars" if isinstance(offer.get("stars"), int) else ""
-            price = _money(offer.get("price_per_night"), offer.get("currency"))
-            lines.append(f"{number}. {offer.get('name')}{stars}: {price} a night")
-        lines.append('Which one should I book? Say "book the first", "book the cheapest" or its name.')
-        return "\n".join(lines)
+        return Decision(text=offers_text(offers, searched, total))
 
     def _hotel_name(self, step: _Step) -> str:
         arguments = step.arguments or {}
@@ -493,45 +348,6 @@ class Conversation:
                     return str(offer.get("name"))
         return str(arguments.get("hotel_id") or "the hotel")
 
-    def _booked_text(self, step: _Step, data: Any) -> str:
-        name = self._hotel_name(step)
-        booking = _booking_of(data) or {}
-        booking_id = booking.get("booking_id", "?")
-        status = str(booking.get("status") or "unknown")
-        name = str(booking.get("hotel_name") or name)
-        if status == "failed":
-            found = booking.get("error")
-            error: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-            why = _explain(error.get("code"), error.get("message"))
-            return f"The booking of {name} failed (booking {booking_id}): {why}."
-        total = booking.get("total_price")
-        cost = f" Total {_money(total, booking.get('currency'))}." if isinstance(total, int | float) else ""
-        return f"Booked: {name}, booking {booking_id}, {status}.{cost}"
-
-    @staticmethod
-    def _status_text(data: Any) -> str:
-        booking = _booking_of(data) or {}
-        booking_id = booking.get("booking_id", "?")
-        parts = [f"Booking {booking_id}: {booking.get('status', 'unknown')}"]
-        if booking.get("hotel_name"):
-            parts.append(str(booking["hotel_name"]))
-        if booking.get("checkin") and booking.get("checkout"):
-            parts.append(f"{booking['checkin']} to {booking['checkout']}")
-        if isinstance(booking.get("guests"), int):
-            parts.append(_plural(booking["guests"], "guest"))
-        if isinstance(booking.get("total_price"), int | float):
-            parts.append(f"total {_money(booking['total_price'], booking.get('currency'))}")
-        return ", ".join(parts) + "."
-
-    @staticmethod
-    def _cancel_text(data: Any) -> str:
-        booking = _booking_of(data) or {}
-        booking_id = booking.get("booking_id", "?")
-        status = booking.get("status", "unknown")
-        if status == "cancelled":
-            return f"Booking {booking_id} is cancelled."
-        return f"Cancel requested for booking {booking_id}; it is {status} now and stops at its next step."
-
     def _after_error(self, step: _Step, error: Mapping[str, Any], turn: Sequence[_Step]) -> Decision:
         """Retry once with corrected arguments when the error names one it can fix; otherwise explain."""
         earlier = [s for s in turn if s.name == step.name and s.error is not None]
@@ -539,7 +355,7 @@ class Conversation:
             corrected = self._corrected(step)
             if corrected is not None and corrected != step.arguments:
                 return self._call(step.name, corrected, otherwise=HELP)
-        return Decision(text=self._failure_text(step, error))
+        return Decision(text=failure_text(self._what(step), error))
 
     def _fixable(self, step: _Step, error: Mapping[str, Any]) -> bool:
         if step.arguments is None:
@@ -566,33 +382,11 @@ class Conversation:
         booking_id = (self.reading.booking_id if self.reading else None) or self._last_booking_id()
         return None if booking_id is None else {"booking_id": booking_id}
 
-    def _failure_text(self, step: _Step, error: Mapping[str, Any]) -> str:
-        what = {
+    def _what(self, step: _Step) -> str:
+        """What the call was doing, in words."""
+        return {
             SEARCH_HOTELS: "search for hotels",
             BOOK_HOTEL: f"book {self._hotel_name(step)}",
             GET_BOOKING: "look up the booking",
             CANCEL_BOOKING: "cancel the booking",
         }.get(step.name, f"run {step.name}")
-        return f"I could not {what}: {_explain(error.get('code'), error.get('message'))}."
-
-
-_EXPLANATIONS = {
-    "no_availability": "there are no rooms left for that stay",
-    "payment_declined": "the card was declined",
-    "provider_unavailable": "the service behind it is not answering right now; please try again in a moment",
-    "timeout": "it took too long; please try again",
-    "already_final": "the booking is already final and can no longer be cancelled",
-    "approval_expired": "the approval expired before it was given",
-}
-
-
-def _explain(code: object, message: object) -> str:
-    known = _EXPLANATIONS.get(str(code)) if code else None
-    detail = str(message).strip().rstrip(".") if message else ""
-    if known and detail:
-        return f"{known} ({detail})"
-    if known:
-        return known
-    if detail and code:
-        return f"{detail} ({code})"
-    return detail or str(code or "an unknown error")
