@@ -169,6 +169,7 @@ class Exchange:
         self.faults: ModelFaults = NO_FAULTS
         self.fault: str | None = None
         self.headers: dict[str, str] = {"x-request-id": self.request_id}
+        self.first_token_at: float | None = None
 
     # ------------------------------------------------------------------------------------------------ the log
 
@@ -210,6 +211,9 @@ class Exchange:
             usage_reported=usage_reported,
             tokens_sent=sent,
             fault=self.fault,
+            first_token_ms=None
+            if self.first_token_at is None
+            else round((self.first_token_at - self.started) * 1000, 1),
             duration_ms=round((time.monotonic() - self.started) * 1000, 1),
         )
         await record(self.redis, entry)
@@ -305,6 +309,7 @@ class Exchange:
                 await self._log(499, "client_gone", reply=reply)
                 raise
         payload = json.dumps(reply.completion(body.model)).encode()
+        self.first_token_at = time.monotonic()  # a whole answer's tokens go out together
         if faults.cut_after_tokens is not None:
             self._injected("cut")
             await self._log(200, "cut", reply=reply)
@@ -346,6 +351,7 @@ class Exchange:
                     if sent and faults.token_delay_s > 0 and await _paused(gone, faults.token_delay_s):
                         return
                     sent += 1
+                    self.first_token_at = self.first_token_at or time.monotonic()
                 started = True
                 yield _event(chunk)
             logged = True

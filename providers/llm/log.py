@@ -56,6 +56,9 @@ class LoggedRequest(BaseModel):
     tokens_sent: int
     fault: str | None
     """The fault that shaped the answer, if one did (``latency``, ``cut``, ``malformed_tool_args``...)."""
+    first_token_ms: float | None
+    """From the request's arrival to its first token going out (``None``: none did): the simulator's own time to
+    first token, which a client's measure can subtract."""
     duration_ms: float
 
 

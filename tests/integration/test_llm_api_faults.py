@@ -149,6 +149,7 @@ async def test_latency_to_the_first_token_and_between_tokens(sim: Simulator) -> 
     assert ended - first_at >= 0.02 * (pieces - 1)
     entry = (await sim.log())[-1]
     assert entry["fault"] == "latency" and entry["outcome"] == "text"
+    assert entry["first_token_ms"] >= 600 and entry["duration_ms"] >= entry["first_token_ms"]
 
 
 async def test_a_cut_stream_raises_mid_iteration_after_n_tokens(sim: Simulator) -> None:
