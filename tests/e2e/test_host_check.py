@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import pytest
 
 from stack.services import SERVICES
 from stack.state import StackPaths, pid_alive, read_secrets, read_state
-from tests.procs import concierge_command, free_port
+from tests.procs import concierge_command, concierge_env, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -74,15 +72,7 @@ class UpStack:
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[UpStack]:
     tmp = tmp_path_factory.mktemp("hosts")
-    unset = ("DATABASE_URL", "CONCIERGE_SERVICE_SECRET", "CONCIERGE_ADMIN_TOKEN", "CONCIERGE_ALLOWED_HOSTS")
-    env = {key: value for key, value in os.environ.items() if key not in unset}
-    env |= {
-        "REDIS_URL": redis_url,
-        "CONCIERGE_KEY_PREFIX": f"hosts-{uuid.uuid4().hex[:10]}",
-        "CONCIERGE_DATA_DIR": str(tmp / "data"),
-        "BOOKING_BUDGET_S": "30",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = concierge_env(tmp / "data", redis_url, prefix="hosts", BOOKING_BUDGET_S="30")
     flags = [arg for name in SERVICES for arg in ("--port", f"{name}={free_port()}")]
     started = concierge(env, "up", "--detach", "--scale", "search-agent=2", "--timeout", "150", *flags, timeout=240)
     log = tmp / "data" / "logs" / "supervisor.log"
