@@ -46,9 +46,9 @@ def host_name(header: str) -> str | None:
     value = header.strip()
     if value.startswith("["):
         address, bracket, rest = value.partition("]")
-        host, port = address + bracket, rest.removeprefix(":") if rest.startswith(":") else None
-        if rest and port is None:
+        if not bracket or (rest and not rest.startswith(":")):
             return None
+        host, port = address + bracket, (rest[1:] if rest else None)
     else:
         host, colon, port_text = value.rpartition(":")
         host, port = (host, port_text) if colon else (value, None)
@@ -117,8 +117,7 @@ def parse_allowed_hosts(text: str) -> tuple[str, ...]:
             continue
         prefix = "*." if entry.startswith("*.") else "." if entry.startswith(".") else ""
         rest = entry[len(prefix) :]
-        valid = _ip(rest) if not prefix else None
-        valid = valid or _name(rest)
+        valid = (_ip(rest) if not prefix else None) or _name(rest)
         if valid is None:
             raise ValueError(
                 f"{raw.strip()!r} is not a host name (expected a name, .domain, *.domain or *; no port, no scheme)"

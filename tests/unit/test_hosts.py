@@ -28,6 +28,7 @@ OURS = AllowedHosts.of({"booking-agent"}, parse_allowed_hosts(".corp.example, *.
         ("evil.example:123456", None),
         ("::1", None),  # IPv6 without brackets is not a Host
         ("[::1]x", None),
+        ("[::1", None),
         ("[nope]:80", None),
         ("ev il.example", None),
         ("evil..example", None),
