@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import ValidationError
+from starlette.types import Message, Receive, Scope, Send
 
 from infra.hosts import AllowedHosts, host_name, parse_allowed_hosts
+from infra.service import middleware
 from infra.service.middleware import deployment_hosts
 from infra.settings import Settings
 
@@ -133,3 +137,38 @@ def test_deployment_hosts_are_the_hosts_of_the_http_url_settings(monkeypatch: py
     hosts = deployment_hosts(Settings())
     assert {"search-agent", "bookings.internal", "127.0.0.1"} <= hosts
     assert "redis-host" not in hosts
+
+
+def test_refused_hosts_are_logged_once_each_and_a_flood_of_them_in_one_more_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(middleware, "_REFUSED_HOSTS_LOGGED", 2)
+    served: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        served.append(scope["path"])
+
+    guard = middleware.HostCheckMiddleware(app, "booking-agent")
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request"}
+
+    async def request(host: str) -> None:
+        scope = {"type": "http", "path": "/bookings", "headers": [(b"host", host.encode())]}
+        await guard(scope, receive, send)
+
+    async def flood() -> None:
+        for host in ("a.example", "a.example:1", "b.example", "c.example", "d.example", "booking-agent:8000"):
+            await request(host)
+
+    with caplog.at_level("WARNING", logger="infra.service"):
+        asyncio.run(flood())
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and "'a.example'" in lines[0] and "'b.example'" in lines[1], lines
+    assert "further ones are not logged" in lines[2]
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [421] * 5
+    assert served == ["/bookings"]  # only its own name reached the app
