@@ -656,6 +656,16 @@ mount_a2a(
             description="Book {city, checkin, checkout, guests, payment_token, hotel_id?, max_price_per_night?}.",
             handler=book_hotel,
             tags=("hotels", "booking"),
+            inputs=(
+                "city",
+                "checkin",
+                "checkout",
+                "guests",
+                "payment_token",
+                "hotel_id?",
+                "max_price_per_night?",
+                "idempotency_key?",
+            ),
         )
     ],
     bulkhead="booking_agent",

@@ -141,6 +141,7 @@ mount_a2a(
             handler=charge_payment,
             tags=("payment",),
             callers=MONEY_CALLERS,
+            inputs=("amount", "currency", "payment_token", "reference"),
         ),
         Skill(
             id="refund_payment",
@@ -150,6 +151,7 @@ mount_a2a(
             handler=refund_payment,
             tags=("payment",),
             callers=MONEY_CALLERS,
+            inputs=("reference", "payment_id?"),
         ),
     ],
     bulkhead="payment_agent",

@@ -65,9 +65,11 @@ mount_a2a(
         Skill(
             id="search_hotels",
             name="Search hotels",
-            description="Offers {hotel_id, name, city, stars, price_per_night, currency, available_rooms}, cheapest first.",
+            description="Offers for {city, checkin, checkout, guests, max_price_per_night?, hotel_id?}: "
+            "{hotel_id, name, city, stars, price_per_night, currency, available_rooms}, cheapest first.",
             handler=search_hotels,
             tags=("hotels", "search"),
+            inputs=("city", "checkin", "checkout", "guests", "max_price_per_night?", "hotel_id?"),
         )
     ],
     bulkhead="search_agent",

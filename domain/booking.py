@@ -236,6 +236,8 @@ class ErrorCode(StrEnum):
     ALREADY_FINAL = "already_final"
     """A cancel of a booking that is final already (or being confirmed): nothing changed."""
     INVALID_HEADER = "invalid_header"
+    HOST_NOT_ALLOWED = "host_not_allowed"
+    """The request's ``Host`` is not a name of this service (a DNS-rebinding page, or a name to allow)."""
     BODY_TOO_LARGE = "body_too_large"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
@@ -262,6 +264,7 @@ _HTTP_STATUS: Final = {
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.ALREADY_FINAL: 409,
     ErrorCode.INVALID_HEADER: 400,
+    ErrorCode.HOST_NOT_ALLOWED: 421,
     ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,

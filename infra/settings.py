@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from infra.hosts import parse_allowed_hosts
 from infra.redis_url import parse_redis_url
 
 
@@ -119,6 +121,15 @@ class Settings(BaseSettings):
     )
     recovery_worker_url: str = Field("http://127.0.0.1:8020", validation_alias="RECOVERY_WORKER_URL")
     instance_id: str | None = Field(None, validation_alias="CONCIERGE_INSTANCE_ID")
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        validation_alias="CONCIERGE_ALLOWED_HOSTS",
+        description=(
+            "More Host names every service answers, comma-separated, besides loopback names, IP addresses, its own "
+            "name and the hosts of the *_URL settings (anything else gets 421 host_not_allowed): a name, .example.com "
+            "(it and every name under it), *.example.com (every name under it) or * (any; docs/service-shell.md)."
+        ),
+    )
 
     # recovery
     run_lease_ttl_s: float = Field(5.0, validation_alias="RUN_LEASE_TTL", gt=0)
@@ -176,6 +187,12 @@ class Settings(BaseSettings):
         description="After Redis restarts or fails over (every connection drops at once), nobody is declared dead "
         "for this long: every process reconnects and renews first.",
     )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _allowed_hosts(cls, value: object) -> object:
+        # ValueError → a settings error naming CONCIERGE_ALLOWED_HOSTS
+        return parse_allowed_hosts(value) if isinstance(value, str) else value
 
     @field_validator("redis_url")
     @classmethod

@@ -82,7 +82,12 @@ def register_up(subparsers: Subparsers) -> None:
     parser.add_argument("--scale", action="append", default=[], metavar="NAME=N", help="replicas of a service")
     parser.add_argument("--port-base", type=int, default=None, metavar="N", help="shift every port (default 8000)")
     parser.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help="one service's port")
-    parser.add_argument("--host", default="127.0.0.1", help="interface the services bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface the services bind (default 127.0.0.1); from elsewhere they answer by IP address, or by the "
+        "names in CONCIERGE_ALLOWED_HOSTS",
+    )
     parser.add_argument(
         "--grace", type=_seconds, default=DEFAULT_GRACE_S, metavar="S", help="SIGTERM → SIGKILL (default 20)"
     )

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +51,7 @@ __all__ = [
     "ServiceNotReadyError",
     "ServiceProcess",
     "concierge_command",
+    "concierge_env",
     "free_port",
     "serve_in_process",
     "serve_in_thread",
@@ -92,6 +94,23 @@ def concierge_command() -> list[str]:
     """The ``concierge`` console script of this interpreter's environment (``python -m`` when not installed)."""
     script = Path(sys.executable).with_name("concierge")
     return [str(script)] if script.exists() else [sys.executable, "-m", "stack.cli"]
+
+
+_GENERATED_BY_UP = ("DATABASE_URL", "CONCIERGE_SERVICE_SECRET", "CONCIERGE_ADMIN_TOKEN", "CONCIERGE_ALLOWED_HOSTS")
+
+
+def concierge_env(data_dir: Path, redis_url: str, *, prefix: str, **settings: str) -> dict[str, str]:
+    """The environment of a ``concierge up`` a test runs: this process's, without what ``up`` generates or defaults
+    (secrets, SQLite checkpoints) or a developer's allowed hosts, with this test's Redis, key prefix, data directory
+    and ``settings``."""
+    env = {key: value for key, value in os.environ.items() if key not in _GENERATED_BY_UP}
+    return env | {
+        "REDIS_URL": redis_url,
+        "CONCIERGE_KEY_PREFIX": f"{prefix}-{uuid.uuid4().hex[:10]}",
+        "CONCIERGE_DATA_DIR": str(data_dir),
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
 
 
 def uvicorn_command(app: str, *, factory: bool = False, access_log: bool = True) -> list[str]:

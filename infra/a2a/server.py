@@ -4,25 +4,28 @@ The ``/a2a`` endpoint checks the service token (a JWT for this agent, signed wit
 ``infra.auth``; 401 otherwise), starts the budget from ``X-Timeout-Budget`` and adopts the caller's ``traceparent``
 before the SDK sees the request; a blocking ``SendMessage`` that starts a new task runs the skill inline, in the
 request's own task. A skill that names its ``callers`` refuses everyone else (``forbidden``), by the token's
-verified ``iss``. Why, and the wire format: ``docs/a2a.md``.
+verified ``iss``. A message with no data part (text) gets a task waiting for input that names the skills. Why, and
+the wire format: ``docs/a2a.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.utils import formatdate
 from typing import Any
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
-from a2a.server.events import EventQueue
+from a2a.server.events import Event, EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler, validate_request_params
 from a2a.server.routes import add_a2a_routes_to_fastapi, create_agent_card_routes, create_jsonrpc_routes
@@ -37,6 +40,7 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Part,
     Role,
     SecurityRequirement,
     SecurityScheme,
@@ -72,8 +76,13 @@ logger = logging.getLogger(__name__)
 _tracer = trace.get_tracer("concierge.a2a")
 
 # The SDK's in-memory store keeps every task forever; a long-lived agent only needs recent ones (callers read the
-# result from the blocking reply). Our tasks are saved once, already terminal, so eviction never hits a live task.
+# result from the blocking reply). A task is saved terminal, or waiting for the data part a text message lacked: only
+# one left waiting behind this many newer tasks is forgotten (its reply then finds no task).
 _TASKS_KEPT = 1000
+CARD_CACHE_CONTROL = "public, max-age=300"
+"""The agent card changes with a deployment only: cached five minutes, then revalidated against its ``ETag``."""
+INTERRUPTED_TASK_IDLE_S = 60.0
+"""How long the SDK keeps the machinery of a task waiting for input; a later reply rebuilds it from the store."""
 
 
 SkillHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -108,8 +117,9 @@ async def report_progress(data: dict[str, Any]) -> None:
 class Skill:
     """One skill an agent offers: advertised on its card, served by ``handler(input) -> result``.
 
-    Both ``input`` and the result are JSON-compatible dicts. ``callers`` names the services allowed to call it
-    (by the verified ``iss`` of their token); ``None``: any service of the deployment.
+    Both ``input`` and the result are JSON-compatible dicts. ``inputs`` names the fields of ``input`` (``?``:
+    optional), told to a client that sent text instead. ``callers`` names the services allowed to call it (by the
+    verified ``iss`` of their token); ``None``: any service of the deployment.
     """
 
     id: str
@@ -118,6 +128,7 @@ class Skill:
     handler: SkillHandler
     tags: tuple[str, ...] = ()
     callers: Collection[str] | None = None
+    inputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.callers is not None:
@@ -154,21 +165,34 @@ class _RecentTaskStore(TaskStore):
 
 
 class _SkillExecutor(AgentExecutor):
-    """Runs one skill per request and answers with a single terminal ``Task``."""
+    """Runs one skill per request and answers with a single ``Task``: terminal, or waiting for the data part a
+    text-only message lacked."""
 
-    def __init__(self, skills: Mapping[str, Skill], bulkhead: str) -> None:
+    def __init__(self, agent: str, skills: Mapping[str, Skill], bulkhead: str) -> None:
+        self._agent = agent
         self._skills = skills
         self._bulkhead = bulkhead
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        task_id = context.task_id or uuid.uuid4().hex
-        context_id = context.context_id or uuid.uuid4().hex
-        # A non-blocking caller gets its answer from the first task event: say at once that the work has started.
-        # The SDK takes a Task only as the first event; the outcome follows as update events.
-        await event_queue.enqueue_event(
-            Task(id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_WORKING))
-        )
+        current = context.current_task
+        task_id = current.id if current else context.task_id or uuid.uuid4().hex
+        context_id = current.context_id if current else context.context_id or uuid.uuid4().hex
         updater = TaskUpdater(event_queue, task_id, context_id)
+        # A non-blocking caller gets its answer from the first task event: say at once that the work has started.
+        if current is None:
+            # The SDK takes a Task only as the first event, and keeps its history as given: start it with the request.
+            history = [context.message] if context.message is not None else []
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=_now_status(TaskState.TASK_STATE_WORKING),
+                    history=history,
+                )
+            )
+        else:
+            # a reply to a task waiting for input: the SDK appends it to the task's history with this update
+            await updater.update_status(TaskState.TASK_STATE_WORKING)
 
         async def progress(data: dict[str, Any]) -> None:
             message = updater.new_agent_message([data_part(data)])
@@ -186,21 +210,47 @@ class _SkillExecutor(AgentExecutor):
         await updater.update_status(status.state, status.message if status.HasField("message") else None)
 
     async def run_task(self, message: Message | None, task_id: str, context_id: str) -> Task:
-        """The skill named in ``message``, run to its terminal ``Task`` (completed or failed, never raising)."""
+        """The skill named in ``message``, run to its ``Task`` (never raising): completed or failed; waiting for
+        input when the message has no data part at all (text from a client that does not know our wire format)."""
+        if message is None or not any(part.HasField("data") for part in message.parts):
+            return _agent_task(task_id, context_id, TaskState.TASK_STATE_INPUT_REQUIRED, self._data_wanted())
         try:
             result = await self._run(message)
             return _completed_task(task_id, context_id, result)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return _failed_task(task_id, context_id, self._describe(exc))
+            return _agent_task(task_id, context_id, TaskState.TASK_STATE_FAILED, [data_part(self._describe(exc))])
+
+    def _data_wanted(self) -> list[Part]:
+        """What a text message gets back: the data part to send instead, in words and as data, every skill named
+        with its input."""
+        skills = [
+            {
+                "id": s.id,
+                "name": s.name,
+                "description": s.description,
+                "input": {
+                    "required": [field for field in s.inputs if not field.endswith("?")],
+                    "optional": [field.removesuffix("?") for field in s.inputs if field.endswith("?")],
+                },
+            }
+            for s in self._skills.values()
+        ]
+        listed = "; ".join(f"{s.id} ({', '.join(s.inputs) or 'no input'})" for s in self._skills.values())
+        text = (
+            f'{self._agent} takes a data part {{"skill": "<id>", "input": {{...}}}}, not text. Its skills, with the '
+            f"fields of their input (? optional): {listed}. Send that data part in reply to this task, or in a new one."
+        )
+        # one-word keys: an A2A client may hold everything it reads to the protocol's camelCase
+        return [Part(text=text), data_part({"expected": {"skill": "<skills[].id>", "input": {}}, "skills": skills})]
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         # Cancelling the producer cancels ``execute`` (and so the handler); the SDK then records CANCELED.
         return None
 
-    def _parse(self, message: Message | None) -> tuple[Skill, dict[str, Any]]:
-        request = first_data(message.parts) if message is not None else None
+    def _parse(self, message: Message) -> tuple[Skill, dict[str, Any]]:
+        request = first_data(message.parts)
         if not isinstance(request, dict) or not isinstance(request.get("skill"), str):
             raise SkillFailure("invalid_request", 'expected a data part {"skill": "<id>", "input": {...}}')
         skill = self._skills.get(request["skill"])
@@ -213,7 +263,7 @@ class _SkillExecutor(AgentExecutor):
             raise SkillFailure("invalid_request", f"input of skill {skill.id!r} must be an object")
         return skill, payload
 
-    async def _run(self, message: Message | None) -> dict[str, Any]:
+    async def _run(self, message: Message) -> dict[str, Any]:
         skill, payload = self._parse(message)
         caller = _caller.get()
         if skill.callers is not None and caller not in skill.callers:
@@ -269,7 +319,12 @@ class _SkillRequestHandler(DefaultRequestHandler):
     """
 
     def __init__(self, executor: _SkillExecutor, task_store: TaskStore, agent_card: AgentCard) -> None:
-        super().__init__(agent_executor=executor, task_store=task_store, agent_card=agent_card)
+        super().__init__(
+            agent_executor=executor,
+            task_store=task_store,
+            agent_card=agent_card,
+            interrupted_task_timeout=INTERRUPTED_TASK_IDLE_S,
+        )
         self._skills = executor
         self._store = task_store
 
@@ -277,13 +332,33 @@ class _SkillRequestHandler(DefaultRequestHandler):
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
         config = params.configuration
         if params.message.task_id or config.return_immediately or config.HasField("task_push_notification_config"):
+            await self._context_of_its_task(params.message, context)
             return await super().on_message_send(params, context)
         validate_history_length(config)
         task = await self._skills.run_task(
             params.message, uuid.uuid4().hex, params.message.context_id or uuid.uuid4().hex
         )
+        # the history as the SDK's path keeps it: the request, then each message the agent's current one replaced
+        request = task.history.add()
+        request.CopyFrom(params.message)
+        request.task_id, request.context_id = task.id, task.context_id
         await self._store.save(task, context)
         return apply_history_length(task, config)
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        await self._context_of_its_task(params.message, context)
+        async for event in super().on_message_send_stream(params, context):
+            yield event
+
+    async def _context_of_its_task(self, message: Message, context: ServerCallContext) -> None:
+        """A message naming only its task belongs to that task's context (spec §3.4.3: the agent infers it); the
+        SDK would give it a new one, which then contradicts its task."""
+        if message.task_id and not message.context_id:
+            task = await self._store.get(message.task_id, context)
+            if task is not None:
+                message.context_id = task.context_id
 
 
 def _now_status(state: TaskState, message: Message | None = None) -> TaskStatus:
@@ -299,15 +374,16 @@ def _completed_task(task_id: str, context_id: str, result: dict[str, Any]) -> Ta
     )
 
 
-def _failed_task(task_id: str, context_id: str, error: dict[str, Any]) -> Task:
+def _agent_task(task_id: str, context_id: str, state: TaskState, parts: Sequence[Part]) -> Task:
+    """A task in ``state`` whose status carries the agent's message (why it failed, what it needs)."""
     message = Message(
         role=Role.ROLE_AGENT,
         message_id=uuid.uuid4().hex,
         task_id=task_id,
         context_id=context_id,
-        parts=[data_part(error)],
+        parts=list(parts),
     )
-    return Task(id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_FAILED, message))
+    return Task(id=task_id, context_id=context_id, status=_now_status(state, message))
 
 
 def _agent_card(
@@ -464,18 +540,45 @@ def mount_a2a(
     if len(by_id) != len(skills):
         raise ValueError(f"duplicate skill ids in {[s.id for s in skills]}")
     card = _agent_card(name, description, url, skills, version, streaming)
-    executor = _SkillExecutor(by_id, bulkhead)
+    executor = _SkillExecutor(name, by_id, bulkhead)
     handler = (
         _SkillRequestHandler(executor, _RecentTaskStore(), card)
         if inline_send
-        else DefaultRequestHandler(agent_executor=executor, task_store=_RecentTaskStore(), agent_card=card)
+        else DefaultRequestHandler(
+            agent_executor=executor,
+            task_store=_RecentTaskStore(),
+            agent_card=card,
+            interrupted_task_timeout=INTERRUPTED_TASK_IDLE_S,
+        )
     )
     rpc_routes = [
         Route(route.path, endpoint=_guarded(route.endpoint, name), methods=["POST"])
         for route in create_jsonrpc_routes(handler, rpc_url=A2A_PATH)
         if isinstance(route, Route)
     ]
-    add_a2a_routes_to_fastapi(
-        app, agent_card_routes=create_agent_card_routes(card, card_url=AGENT_CARD_PATH), jsonrpc_routes=rpc_routes
-    )
+    add_a2a_routes_to_fastapi(app, agent_card_routes=_card_routes(card), jsonrpc_routes=rpc_routes)
+    # A client that joins "/" to the card's URL (httpx's base_url does, and so does the A2A TCK) posts to "/a2a/";
+    # Starlette would redirect it (307, empty body), which no JSON-RPC client follows. Same endpoint, not documented.
+    app.router.routes.extend(Route(f"{r.path}/", endpoint=r.endpoint, methods=["POST"]) for r in rpc_routes)
     _close_on_shutdown(app, handler)
+
+
+def _card_routes(card: AgentCard) -> list[Route]:
+    """The SDK's card route (``ETag``, 304 on ``If-None-Match``) with ``Cache-Control`` (spec §8.6.1) and
+    ``Last-Modified``: when this process built the card, which does not change while it runs."""
+    built = formatdate(time.time(), usegmt=True)
+
+    def with_last_modified(
+        endpoint: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def agent_card(request: Request) -> Response:
+            response = await endpoint(request)
+            response.headers["Last-Modified"] = built
+            return response
+
+        return agent_card
+
+    routes = create_agent_card_routes(card, card_url=AGENT_CARD_PATH, cache_control=CARD_CACHE_CONTROL)
+    return [
+        Route(r.path, endpoint=with_last_modified(r.endpoint), methods=["GET"]) for r in routes if isinstance(r, Route)
+    ]

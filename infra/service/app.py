@@ -3,8 +3,8 @@
 Its lifespan sets up logging, the service's identity (``name`` signs its service tokens with
 ``CONCIERGE_SERVICE_SECRET``; no usable secret, no start: ``infra.auth``), telemetry, budget defaults, the resilience
 metrics hook and one Redis client on ``app.state.redis``, then runs the service's own lifespan nested inside; its
-edge is ``infra.service.middleware``, its error answers come from ``infra.error_table``, its routes from
-``infra.service.health``.
+edge is ``infra.service.middleware`` (the host check first, outside any middleware a service adds), its error
+answers come from ``infra.error_table``, its routes from ``infra.service.health``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp
 
 from infra.auth import MissingSecretError, use_service_identity
 from infra.error_table import TABLE, answer_for, answer_response
@@ -44,6 +45,7 @@ from infra.service.middleware import (
     BodyLimitMiddleware,
     BudgetMiddleware,
     ErrorBoundaryMiddleware,
+    HostCheckMiddleware,
     RequestMetricsMiddleware,
 )
 from infra.service.openapi import install_openapi
@@ -237,4 +239,16 @@ def create_service_app(
             app.add_exception_handler(exc_class, _answer)
     install_health_routes(app, checks, ready_timeout_s)
     install_openapi(app)
+    _check_hosts_first(app, service_name)
     return app
+
+
+def _check_hosts_first(app: FastAPI, service_name: str) -> None:
+    """The host check outside everything, the middleware a service adds itself included (the console's
+    same-origin check compares ``Origin`` with ``Host``: it must only ever see a ``Host`` that is ours)."""
+    build = app.build_middleware_stack
+
+    def build_with_host_check() -> ASGIApp:
+        return HostCheckMiddleware(build(), service_name)
+
+    app.build_middleware_stack = build_with_host_check  # type: ignore[method-assign]

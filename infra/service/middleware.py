@@ -1,4 +1,5 @@
-"""The shell's ASGI edge, outer → inner: request metrics → error boundary (500) → timeout budget → body limit.
+"""The shell's ASGI edge, outer → inner: host check → request metrics → error boundary (500) → timeout budget → body
+limit.
 
 Pure ASGI rather than ``BaseHTTPMiddleware``: cheaper, and the budget ``ContextVar`` set here is visible to the
 endpoint because everything runs in the request's own task.
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
@@ -20,7 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.booking import ErrorCode
 from infra.error_table import answer_for, answer_response, error_body
-from infra.settings import get_settings
+from infra.hosts import AllowedHosts, host_name
+from infra.settings import Settings, get_settings
 from resilience import (
     BUDGET_HEADER,
     budget_scope,
@@ -53,6 +56,89 @@ async def _send_json(send: Send, status: int, body: object, headers: Iterable[tu
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+def deployment_hosts(settings: Settings) -> set[str]:
+    """The hosts of every ``*_URL`` setting that is an HTTP URL: the names this deployment's services call each
+    other by (``http://booking-agent:8000`` under compose), so a callee answers whatever name its callers use."""
+    hosts: set[str] = set()
+    for name, field in Settings.model_fields.items():
+        value = getattr(settings, name)
+        alias = field.validation_alias
+        if isinstance(alias, str) and alias.endswith("_URL") and isinstance(value, str):
+            parts = urlsplit(value)
+            if parts.scheme in ("http", "https") and parts.hostname:
+                hosts.add(parts.hostname)
+    return hosts
+
+
+_HOST_SHOWN = 100
+
+
+def _cut(value: str) -> str:
+    return value if len(value) <= _HOST_SHOWN else f"{value[:_HOST_SHOWN]}…"
+
+
+_REFUSED_HOSTS_LOGGED = 1000
+"""Distinct refused hosts logged one by one; beyond them one line says the rest are not (a flood stays one line)."""
+
+
+class HostCheckMiddleware:
+    """421 ``host_not_allowed`` for a request whose ``Host`` is not a name of this service, before anything else
+    runs: the DNS-rebinding guard (``infra.hosts``). Each offending host is logged once, not once per request."""
+
+    def __init__(self, app: ASGIApp, service_name: str) -> None:
+        self.app = app
+        self.service_name = service_name
+        self._built_from: Settings | None = None
+        self._allowed = AllowedHosts(frozenset())
+        self._logged: set[str] = set()
+        self._logging_stopped = False
+
+    def allowed(self) -> AllowedHosts:
+        """The names, rebuilt when the settings are (tests clear ``get_settings``' cache)."""
+        settings = get_settings()
+        if settings is not self._built_from:
+            names = {self.service_name, *deployment_hosts(settings)}
+            self._allowed = AllowedHosts.of(names, settings.allowed_hosts)
+            self._built_from = settings
+        return self._allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        hosts = [bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() == b"host"]
+        host = hosts[0] if len(hosts) == 1 else None
+        if len(hosts) <= 1 and self.allowed().allows(host):
+            await self.app(scope, receive, send)
+            return
+        shown = ", ".join(repr(_cut(h)) for h in hosts)
+        self._log_once(", ".join(host_name(h) or _cut(h) for h in hosts), shown)
+        _http_metrics().refused_hosts.labels(self.service_name).inc()
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # the server answers the handshake 403
+            return
+        message = (
+            f"{self.service_name} does not answer to Host {shown}: not one of its names "
+            "(a deployment adds its own with CONCIERGE_ALLOWED_HOSTS)"
+        )
+        await _send_json(send, 421, error_body(ErrorCode.HOST_NOT_ALLOWED, message))
+
+    def _log_once(self, key: str, shown: str) -> None:
+        if key in self._logged or self._logging_stopped:
+            return
+        if len(self._logged) >= _REFUSED_HOSTS_LOGGED:
+            self._logging_stopped = True
+            logger.warning("more than %d hosts refused: further ones are not logged", _REFUSED_HOSTS_LOGGED)
+            return
+        self._logged.add(key)
+        logger.warning(
+            "refusing requests for Host %s: not a name of %s (if it is one of this deployment's, add it to "
+            "CONCIERGE_ALLOWED_HOSTS); further requests for it are not logged",
+            shown,
+            self.service_name,
+        )
 
 
 class _BodyTooLargeError(Exception):
@@ -192,6 +278,7 @@ class ErrorBoundaryMiddleware:
 class _HttpMetrics:
     requests: Counter
     duration: Histogram
+    refused_hosts: Counter
 
 
 @lru_cache(maxsize=1)
@@ -206,6 +293,11 @@ def _http_metrics() -> _HttpMetrics:
             "concierge_http_request_duration_seconds",
             "Time to answer an HTTP request, by route template.",
             ["service", "method", "route"],
+        ),
+        refused_hosts=Counter(
+            "concierge_http_refused_host_requests",
+            "Requests refused for a Host that is not a name of the service (421 host_not_allowed).",
+            ["service"],
         ),
     )
 

@@ -7,6 +7,7 @@ schema, merged with what the route documents for the same status (one ``anyOf``)
 - 400 ``invalid_header``: ``X-Timeout-Budget`` or ``Content-Length`` is not a valid number (and, on a route with a
   body, FastAPI's ``{"detail": "There was an error parsing the body"}`` for a body that is not text);
 - 413 ``body_too_large``: a body over 64 KiB;
+- 421 ``host_not_allowed``: the request's ``Host`` is not a name of this service (the DNS-rebinding guard);
 - 422 FastAPI's validation answer (``detail`` list), on every operation with parameters or a body;
 - 500 ``internal``: a bug, logged; the body says nothing more;
 - 503 ``dependency_unavailable`` with ``Retry-After``: our Redis or Postgres cannot be reached right now.
@@ -218,6 +219,13 @@ _BODY_400 = detail(
 SHELL_ANSWERS: tuple[Answer, ...] = (
     _BUDGET_400,
     error(413, ErrorCode.BODY_TOO_LARGE, description=f"The request body is over {MAX_BODY_BYTES} bytes."),
+    error(
+        421,
+        ErrorCode.HOST_NOT_ALLOWED,
+        description="The request's `Host` is not a name of this service, so nothing ran: every service answers "
+        "loopback names, IP addresses, its own name, the hosts of the deployment's `*_URL` settings and "
+        "`CONCIERGE_ALLOWED_HOSTS`; a page on another domain (DNS rebinding) cannot reach it through a browser.",
+    ),
     error(500, ErrorCode.INTERNAL, description="A bug: logged with its traceback; the body says nothing more."),
     error(
         503,

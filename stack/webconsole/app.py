@@ -6,7 +6,8 @@ Redis, and relays to booking-agent and the providers. While no booking-agent ans
 bookings list and a booking's timeline are read from Redis directly, so the page keeps telling the story of the
 recovery that happens meanwhile. The admin token stays here; no route sends it to the page.
 Mutating routes take JSON only and refuse other origins, so a web page elsewhere cannot drive the stack through a
-browser that has the console open.
+browser that has the console open; the origin they compare with is the request's ``Host``, which the shell's host
+check has already made one of the console's own names (``docs/service-shell.md``).
 """
 
 from __future__ import annotations

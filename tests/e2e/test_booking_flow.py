@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+import uuid
 from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
@@ -129,6 +131,59 @@ def test_a2a_requires_the_service_token_and_serves_agent_cards(stack: Stack) -> 
             headers={"Authorization": "Bearer not-the-token"},
         )
         assert wrong.status_code == 401
+
+
+AGENT_SKILLS = {
+    "search-agent": {"search_hotels": ["city", "checkin", "checkout", "guests"]},
+    "booking-agent": {"book_hotel": ["city", "checkin", "checkout", "guests", "payment_token"]},
+    "payment-agent": {
+        "charge_payment": ["amount", "currency", "payment_token", "reference"],
+        "refund_payment": ["reference"],
+    },
+}
+
+
+def rpc(stack: Stack, service: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    token = stack.service_token("booking-agent", service)
+    headers = {"A2A-Version": "1.0", "Authorization": f"Bearer {token}"}
+    body = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
+    response = stack.http.post(f"{stack.url(service)}/a2a", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+@pytest.mark.parametrize("service", list(AGENT_SKILLS))
+def test_a_text_message_to_an_agent_asks_for_the_data_part_of_its_skills(stack: Stack, service: str) -> None:
+    """What a stranger's A2A client sends first (text): the task waits for input, naming the skills and their input."""
+    card = stack.http.get(f"{stack.url(service)}/.well-known/agent-card.json")
+    assert card.headers["Cache-Control"] == "public, max-age=300" and "ETag" in card.headers
+    message = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": "two nights in Lisbon"}]}
+    task = rpc(stack, service, "SendMessage", {"message": message})["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    words, data = task["status"]["message"]["parts"]
+    wanted = {s["id"]: s["input"]["required"] for s in data["data"]["skills"]}
+    assert wanted == AGENT_SKILLS[service]
+    assert all(skill in words["text"] for skill in wanted), words["text"]
+    assert [m["messageId"] for m in task["history"]] == [message["messageId"]]
+
+
+def test_a_search_asked_for_in_words_runs_when_the_data_part_follows_in_the_same_task(stack: Stack) -> None:
+    text = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": "hotels in Lisbon?"}]}
+    task = rpc(stack, "search-agent", "SendMessage", {"message": text})["result"]["task"]
+    checkin, checkout = stay()
+    query = {"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2}
+    reply = {
+        "messageId": uuid.uuid4().hex,
+        "role": "ROLE_USER",
+        "taskId": task["id"],
+        "parts": [{"data": {"skill": "search_hotels", "input": query}}],
+    }
+    done = rpc(stack, "search-agent", "SendMessage", {"message": reply})["result"]["task"]
+    assert done["id"] == task["id"] and done["status"]["state"] == "TASK_STATE_COMPLETED", done
+    assert done["artifacts"][0]["parts"][0]["data"]["offers"], done["artifacts"]
+    found = rpc(stack, "search-agent", "GetTask", {"id": task["id"]})["result"]
+    assert [m["role"] for m in found["history"]] == ["ROLE_USER", "ROLE_AGENT", "ROLE_USER"]
+    assert all(m["contextId"] == task["contextId"] for m in found["history"])
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 
 from stack.services import SERVICES
 from stack.state import StackPaths, pid_alive, read_state
-from tests.procs import free_port
+from tests.procs import concierge_env, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,17 +41,8 @@ def concierge(env: dict[str, str], *args: str, timeout: float = 120) -> subproce
 
 @pytest.fixture
 def stack(tmp_path: Path, redis_url: str) -> Iterator[dict[str, Any]]:
-    unset = ("DATABASE_URL", "CONCIERGE_SERVICE_SECRET", "CONCIERGE_ADMIN_TOKEN")
-    env = {key: value for key, value in os.environ.items() if key not in unset}
-    env |= {
-        "REDIS_URL": redis_url,
-        "CONCIERGE_KEY_PREFIX": f"console-{uuid.uuid4().hex[:10]}",
-        "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
-        "RUN_LEASE_TTL": "1",
-        "ORPHAN_SCAN_INTERVAL": "0.2",
-        "BOOKING_BUDGET_S": "60",
-        "PYTHONUNBUFFERED": "1",
-    }
+    settings = {"RUN_LEASE_TTL": "1", "ORPHAN_SCAN_INTERVAL": "0.2", "BOOKING_BUDGET_S": "60"}
+    env = concierge_env(tmp_path / "data", redis_url, prefix="console", **settings)
     ports = {name: free_port() for name in SERVICES}
     flags = [arg for name, port in ports.items() for arg in ("--port", f"{name}={port}")]
     up = concierge(env, "up", "--detach", "--timeout", "150", *flags, timeout=240)

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from stack.redis_server import RedisPlan
 from stack.services import SERVICES
 from stack.state import StackPaths, pid_alive, read_secrets, read_state
 from stack.supervisor import RestartPolicy, Supervisor, SupervisorConfig
-from tests.procs import concierge_command, free_port
+from tests.procs import concierge_command, concierge_env, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -244,17 +243,8 @@ def concierge(env: dict[str, str], *args: str, timeout: float = 60) -> subproces
 @pytest.fixture
 def stack_env(tmp_path: Path, redis_url: str) -> Iterator[dict[str, str]]:
     # SQLite: what `up` defaults to; the secrets: what `up` generates
-    unset = ("DATABASE_URL", "CONCIERGE_SERVICE_SECRET", "CONCIERGE_ADMIN_TOKEN")
-    env = {key: value for key, value in os.environ.items() if key not in unset}
-    env |= {
-        "REDIS_URL": redis_url,
-        "CONCIERGE_KEY_PREFIX": f"up-{uuid.uuid4().hex[:10]}",
-        "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
-        "RUN_LEASE_TTL": "1",
-        "ORPHAN_SCAN_INTERVAL": "0.2",
-        "BOOKING_BUDGET_S": "30",
-        "PYTHONUNBUFFERED": "1",
-    }
+    settings = {"RUN_LEASE_TTL": "1", "ORPHAN_SCAN_INTERVAL": "0.2", "BOOKING_BUDGET_S": "30"}
+    env = concierge_env(tmp_path / "data", redis_url, prefix="up", **settings)
     yield env
     # whatever happened, nothing of this stack outlives the test
     paths = StackPaths.at(tmp_path / "data")

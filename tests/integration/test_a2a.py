@@ -6,7 +6,11 @@ Every call goes through ``A2AClient`` (or raw httpx where the point is what a st
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
+import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -75,7 +79,9 @@ class Probe:
         self.calls = 0
 
 
-def build_app(probe: Probe, *, native_tracing: bool = True, inline_send: bool = True) -> FastAPI:
+def build_app(
+    probe: Probe, *, native_tracing: bool = True, inline_send: bool = True, streaming: bool = False
+) -> FastAPI:
     async def echo(data: dict[str, Any]) -> dict[str, Any]:
         probe.calls += 1
         span = trace.get_current_span().get_span_context()
@@ -119,7 +125,7 @@ def build_app(probe: Probe, *, native_tracing: bool = True, inline_send: bool = 
         description="Skills that misbehave on purpose.",
         url="http://test-agent.invalid",
         skills=[
-            Skill("echo", "Echo", "Returns its input and what the handler saw.", echo, tags=("test",)),
+            Skill("echo", "Echo", "Returns its input and what the handler saw.", echo, tags=("test",), inputs=("n?",)),
             Skill("decline", "Decline", "Always declines the card.", decline),
             Skill("crash", "Crash", "Always raises an unexpected error.", crash),
             Skill("slow", "Slow", "Sleeps 5 s.", slow),
@@ -128,6 +134,7 @@ def build_app(probe: Probe, *, native_tracing: bool = True, inline_send: bool = 
         ],
         bulkhead=BULKHEAD,
         inline_send=inline_send,
+        streaming=streaming,
     )
     return app
 
@@ -207,6 +214,16 @@ async def test_agent_card_is_public_and_lists_the_skills(agent_url: str, client:
     assert card["supportedInterfaces"][0]["url"] == f"http://test-agent.invalid{A2A_PATH}"
     assert "bearer" in card["securitySchemes"]
     assert await client.agent_card() == card
+
+
+async def test_agent_card_is_cacheable_and_revalidates_with_its_etag(agent_url: str) -> None:
+    async with httpx.AsyncClient() as raw:
+        first = await raw.get(f"{agent_url}{AGENT_CARD_PATH}")
+        again = await raw.get(f"{agent_url}{AGENT_CARD_PATH}", headers={"If-None-Match": first.headers["ETag"]})
+    assert first.headers["Cache-Control"] == "public, max-age=300"
+    modified = email.utils.parsedate_to_datetime(first.headers["Last-Modified"])
+    assert modified <= datetime.datetime.now(datetime.UTC)
+    assert again.status_code == 304 and again.headers["Cache-Control"] == "public, max-age=300"
 
 
 # ------------------------------------------------------------------------------------------------------ auth
@@ -345,16 +362,120 @@ async def test_a_peer_that_does_not_speak_a2a_is_a_protocol_error(env: pytest.Mo
     assert isinstance(info.value, NonRetryableError)
 
 
-async def test_a_request_without_a_skill_is_an_invalid_request(agent_url: str) -> None:
+def text_message(text: str, **fields: str) -> dict[str, Any]:
+    return {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": text}], **fields}
+
+
+async def test_a_data_part_without_a_skill_is_an_invalid_request(agent_url: str) -> None:
     body = rpc_body()
-    body["params"]["message"]["parts"] = [{"text": "book me a hotel"}]
-    async with httpx.AsyncClient() as raw:
-        response = await raw.post(
-            f"{agent_url}{A2A_PATH}", json=body, headers={"Authorization": bearer(), "A2A-Version": "1.0"}
-        )
-    task = response.json()["result"]["task"]
+    body["params"]["message"]["parts"] = [{"data": {"book": "a hotel"}}]
+    task = (await rpc(agent_url, "SendMessage", body["params"]))["result"]["task"]
     assert task["status"]["state"] == "TASK_STATE_FAILED"
     assert task["status"]["message"]["parts"][0]["data"]["error"]["code"] == "invalid_request"
+
+
+async def test_a_text_message_asks_for_the_data_part_naming_every_skill_and_its_input(
+    agent_url: str, probe: Probe
+) -> None:
+    sent = text_message("book me a hotel")
+    task = (await rpc(agent_url, "SendMessage", {"message": sent}))["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    words, data = task["status"]["message"]["parts"]
+    assert task["status"]["message"]["role"] == "ROLE_AGENT"
+    assert '{"skill": "<id>", "input": {...}}' in words["text"] and "echo (n?)" in words["text"]
+    assert data["data"]["expected"] == {"skill": "<skills[].id>", "input": {}}
+    skills = {s["id"]: s for s in data["data"]["skills"]}
+    assert set(skills) == {"echo", "decline", "crash", "slow", "hold", "vip"}
+    assert skills["echo"]["input"] == {"required": [], "optional": ["n"]}
+    assert [m["messageId"] for m in task["history"]] == [sent["messageId"]]  # the request, with its task's ids
+    assert task["history"][0]["taskId"] == task["id"] and task["history"][0]["contextId"] == task["contextId"]
+    assert probe.calls == 0
+
+    # more text in the same task: still waiting; then the data part: the skill runs in that task
+    again = text_message("please", taskId=task["id"])
+    waiting = (await rpc(agent_url, "SendMessage", {"message": again}))["result"]["task"]
+    assert waiting["id"] == task["id"] and waiting["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    reply = {**rpc_body("echo", {"n": 3})["params"]["message"], "messageId": "m-reply", "taskId": task["id"]}
+    done = (await rpc(agent_url, "SendMessage", {"message": reply}))["result"]["task"]
+    assert done["id"] == task["id"] and done["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert done["artifacts"][0]["parts"][0]["data"]["input"] == {"n": 3}
+    assert probe.calls == 1
+    # every message of the exchange, in order: the client's and the agent's
+    history = (await rpc(agent_url, "GetTask", {"id": task["id"]}))["result"]["history"]
+    assert [(m["role"], m["messageId"]) for m in history] == [
+        ("ROLE_USER", sent["messageId"]),
+        ("ROLE_AGENT", task["status"]["message"]["messageId"]),
+        ("ROLE_USER", again["messageId"]),
+        ("ROLE_AGENT", waiting["status"]["message"]["messageId"]),
+        ("ROLE_USER", "m-reply"),
+    ]
+    last = (await rpc(agent_url, "GetTask", {"id": task["id"], "historyLength": 1}))["result"]["history"]
+    assert [m["messageId"] for m in last] == ["m-reply"]
+    assert "history" not in (await rpc(agent_url, "GetTask", {"id": task["id"], "historyLength": 0}))["result"]
+
+
+async def test_a_subscription_to_a_waiting_task_follows_the_reply_and_closes_at_its_end(
+    env: pytest.MonkeyPatch, probe: Probe, bulkhead: None
+) -> None:
+    async with serve(build_app(probe, streaming=True)) as url:
+        task = (await rpc(url, "SendMessage", {"message": text_message("hello")}))["result"]["task"]
+        states: list[str] = []
+        subscribed = asyncio.Event()
+
+        async def subscribe() -> None:
+            body = {"jsonrpc": "2.0", "id": "s", "method": "SubscribeToTask", "params": {"id": task["id"]}}
+            headers = {"Authorization": bearer(), "A2A-Version": "1.0", "Accept": "text/event-stream"}
+            async with (
+                httpx.AsyncClient(timeout=httpx.Timeout(10, read=10)) as raw,
+                raw.stream("POST", f"{url}{A2A_PATH}", json=body, headers=headers) as stream,
+            ):
+                async for line in stream.aiter_lines():
+                    if line.startswith("data:"):
+                        result = json.loads(line[5:])["result"]
+                        event = result.get("task") or result.get("statusUpdate")
+                        if event is not None:
+                            states.append(event["status"]["state"])
+                            subscribed.set()
+
+        following = asyncio.create_task(subscribe())
+        await asyncio.wait_for(subscribed.wait(), 10)
+        reply = {**rpc_body("echo", {"n": 2})["params"]["message"], "messageId": "m-reply", "taskId": task["id"]}
+        done = (await rpc(url, "SendMessage", {"message": reply}))["result"]["task"]
+        await asyncio.wait_for(following, 10)  # the stream ended by itself
+    assert done["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert states[0] == "TASK_STATE_INPUT_REQUIRED" and states[-1] == "TASK_STATE_COMPLETED", states
+
+
+async def test_a_task_waiting_for_its_data_part_can_be_cancelled(agent_url: str) -> None:
+    task = (await rpc(agent_url, "SendMessage", {"message": text_message("hello")}))["result"]["task"]
+    cancelled = (await rpc(agent_url, "CancelTask", {"id": task["id"]}))["result"]
+    assert cancelled["status"]["state"] == "TASK_STATE_CANCELED"
+    reply = {**rpc_body("echo")["params"]["message"], "messageId": "late", "taskId": task["id"]}
+    refused = await rpc(agent_url, "SendMessage", {"message": reply})
+    assert "error" in refused, refused
+
+
+async def test_a_task_keeps_its_request_in_its_history_and_honours_history_length(agent_url: str) -> None:
+    sent = (await rpc(agent_url, "SendMessage", rpc_body("echo", {"n": 1})["params"]))["result"]["task"]
+    assert [m["messageId"] for m in sent["history"]] == ["m-1"]
+    assert sent["history"][0]["parts"][0]["data"] == {"skill": "echo", "input": {"n": 1}}
+    found = (await rpc(agent_url, "GetTask", {"id": sent["id"], "historyLength": 5}))["result"]
+    assert [m["messageId"] for m in found["history"]] == ["m-1"]
+    params = {**rpc_body("decline")["params"], "configuration": {"historyLength": 0}}
+    failed = (await rpc(agent_url, "SendMessage", params))["result"]["task"]
+    assert failed["status"]["state"] == "TASK_STATE_FAILED" and "history" not in failed
+    kept = (await rpc(agent_url, "GetTask", {"id": failed["id"]}))["result"]
+    assert [m["messageId"] for m in kept["history"]] == ["m-1"]  # historyLength cut the answer, not the task
+
+
+async def test_a_client_that_appends_a_slash_to_the_endpoint_is_served(agent_url: str) -> None:
+    async with httpx.AsyncClient() as raw:
+        served = await raw.post(
+            f"{agent_url}{A2A_PATH}/", json=rpc_body(), headers={"Authorization": bearer(), "A2A-Version": "1.0"}
+        )
+        anonymous = await raw.post(f"{agent_url}{A2A_PATH}/", json=rpc_body(), headers={"A2A-Version": "1.0"})
+    assert served.status_code == 200 and served.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert anonymous.status_code == 401
 
 
 # ------------------------------------------------------------------------------------ the SDK's other methods

@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, Field
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from infra.service import MAX_BODY_BYTES, create_service_app
 from infra.settings import get_settings
@@ -38,6 +40,13 @@ class Item(BaseModel):
 
 def build_app(**kwargs: object) -> FastAPI:
     app = create_service_app("shell-test", **kwargs)  # type: ignore[arg-type]
+    app.state.calls = 0
+
+    @app.middleware("http")
+    async def counting(request: Request, call_next):  # type: ignore[no-untyped-def]
+        # a service's own middleware: the host check must answer before it runs
+        request.app.state.calls += 1
+        return await call_next(request)
 
     @app.post("/items")
     async def create_item(item: Item) -> dict[str, object]:
@@ -74,7 +83,7 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
         # raise_app_exceptions stays on: an exception escaping the shell would fail the test.
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://shell") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://shell-test") as client:
             yield client
 
 
@@ -113,6 +122,87 @@ async def test_chunked_body_at_the_limit_is_read_whole(client: httpx.AsyncClient
     response = await client.post("/size", content=chunks(MAX_BODY_BYTES))
     assert response.status_code == 200
     assert response.json() == {"bytes": MAX_BODY_BYTES}
+
+
+# ------------------------------------------------------------------------------------------------ host check
+
+REBINDING = {"Host": "evil.example:8090", "Origin": "http://evil.example:8090"}
+
+
+async def test_a_host_that_is_not_ours_is_421_before_any_middleware_or_route_runs(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = client._transport.app  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="infra.service"):
+        for path in ("/items", "/size"):
+            response = await client.post(path, json={"name": "a", "quantity": 1}, headers=REBINDING)
+            assert response.status_code == 421, response.text
+            error = response.json()["error"]
+            assert error["code"] == "host_not_allowed"
+            assert "'evil.example:8090'" in error["message"] and "CONCIERGE_ALLOWED_HOSTS" in error["message"]
+        # another port of the same host is the same host; another host is logged too
+        assert (await client.get("/health", headers={"Host": "evil.example:1"})).status_code == 421
+        assert (await client.get("/health", headers={"Host": "other.example"})).status_code == 421
+    assert app.state.calls == 0, "the service's own middleware ran for a refused request"
+    refused = [r.getMessage() for r in caplog.records if "refusing requests for Host" in r.getMessage()]
+    assert len(refused) == 2, refused  # once per host, not per request
+    assert "evil.example" in refused[0] and "other.example" in refused[1]
+    metrics = (await client.get("/metrics")).text
+    assert 'concierge_http_refused_host_requests_total{service="shell-test"} 4.0' in metrics
+    assert app.state.calls == 1  # /metrics itself
+
+
+@pytest.mark.parametrize(
+    "host", ["shell-test", "shell-test:8000", "127.0.0.1:9", "localhost:8090", "console.localhost", "[::1]:80"]
+)
+async def test_our_own_names_are_served(client: httpx.AsyncClient, host: str) -> None:
+    response = await client.post("/items", json={"name": "a", "quantity": 1}, headers={"Host": host})
+    assert response.status_code == 200, response.text
+
+
+async def test_a_pod_ip_as_the_kubelet_sends_it_is_served(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/health", headers={"Host": "10.244.1.17:8000"})).status_code == 200
+
+
+async def test_two_host_headers_are_refused(client: httpx.AsyncClient) -> None:
+    request = client.build_request("GET", "/health")
+    request.headers = httpx.Headers([("host", "shell-test"), ("host", "evil.example")])
+    assert (await client.send(request)).status_code == 421
+
+
+async def test_the_hosts_of_the_url_settings_and_the_allowed_hosts_are_served(
+    redis: object, settings_env: pytest.MonkeyPatch
+) -> None:
+    settings_env.setenv("SEARCH_AGENT_URL", "http://search.internal:8001")
+    settings_env.setenv("CONCIERGE_ALLOWED_HOSTS", "concierge.example.com, .corp.example")
+    get_settings.cache_clear()
+    async with running(build_app()) as client:
+        for host in ("search.internal:8001", "concierge.example.com", "corp.example", "a.b.corp.example:443"):
+            assert (await client.get("/health", headers={"Host": host})).status_code == 200, host
+        for host in ("example.com", "evilcorp.example", "concierge.example.com.evil.example"):
+            assert (await client.get("/health", headers={"Host": host})).status_code == 421, host
+
+
+async def test_a_websocket_from_another_host_is_closed_before_it_is_accepted(
+    redis: object, settings_env: pytest.MonkeyPatch
+) -> None:
+    app = build_app()
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text("hello")
+        await websocket.close()
+
+    with TestClient(app, base_url="http://shell-test") as sync_client:
+        with sync_client.websocket_connect("/ws", headers={"Host": "shell-test"}) as socket:
+            assert socket.receive_text() == "hello"
+        with (
+            pytest.raises(WebSocketDisconnect) as refused,
+            sync_client.websocket_connect("/ws", headers={"Host": "evil.example"}),
+        ):
+            pass
+        assert refused.value.code == 1008
 
 
 # ------------------------------------------------------------------------------------------------ budget
