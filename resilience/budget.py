@@ -86,6 +86,11 @@ def init_budget(seconds: float) -> None:
     _deadline.set(_defaults.clock() + _check_seconds(seconds))
 
 
+def default_budget() -> float:
+    """The budget of code outside any scope: what a client without a budget waits (``configure_budget``)."""
+    return _defaults.default
+
+
 def current_deadline() -> float | None:
     """The absolute deadline on the budget clock, or ``None`` outside any scope."""
     return _deadline.get()

@@ -118,6 +118,8 @@ BULKHEAD_CONFIGS: Mapping[str, BulkheadConfig] = {
     "search_agent": BulkheadConfig(max_concurrent=20, timeout=10.0, acquire_timeout=WITHIN_BUDGET),
     "payment_agent": BulkheadConfig(max_concurrent=5, timeout=15.0, acquire_timeout=WITHIN_BUDGET),
     "recovery_worker": BulkheadConfig(max_concurrent=3, timeout=120.0),
+    # the concierge's A2A skill: one slot per conversation turn a client waits for (up to a turn's budget)
+    "concierge_agent": BulkheadConfig(max_concurrent=100, timeout=180.0),
 }
 
 DEFAULT_BULKHEAD_CONFIG = BulkheadConfig(max_concurrent=10, timeout=30.0)
@@ -237,6 +239,10 @@ class HeldSlot:
         self._limiter = limiter
         self._released = False
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def release(self) -> None:
         if not self._released:
             self._released = True
@@ -290,12 +296,16 @@ class Bulkhead:
             "timed_out": self._timed_out,
         }
 
-    def try_hold(self) -> HeldSlot | None:
+    def try_hold(self, *, limit: int | None = None) -> HeldSlot | None:
         """A slot now or ``None``, held until its ``release()``: admission for work that outlives one call.
 
         Never waits and bounds nothing (``run`` bounds a call; held work bounds itself). A refusal counts in
-        ``rejected`` but emits no event: a door turning a burst away would log a warning per request.
+        ``rejected`` but emits no event: a door turning a burst away would log a warning per request. ``limit``
+        refuses once that many slots are in use, fewer than the bulkhead has (an adaptive door's current size).
         """
+        if limit is not None and self._limiter.borrowed_tokens >= limit:
+            self._rejected += 1
+            return None
         slot = HeldSlot(self._limiter)
         try:
             self._limiter.acquire_on_behalf_of_nowait(slot)
@@ -303,6 +313,10 @@ class Bulkhead:
             self._rejected += 1
             return None
         return slot
+
+    def count_refusal(self) -> None:
+        """Count a refusal decided before ``try_hold`` was asked (a door shedding before it reads a request)."""
+        self._rejected += 1
 
     async def run(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``await fn(*args, **kwargs)`` in a slot, bounded by min(timeout, remaining budget)."""

@@ -2,10 +2,14 @@
 
 ::
 
-    CLOSED ──failure_threshold consecutive failures──▶ OPEN ──recovery_timeout elapsed──▶ HALF_OPEN
-      ▲                                                 ▲                                    │
-      └────────success_threshold probe successes────────┼────────────────────────────────────┤
-                                                        └────────────any probe failure───────┘
+    CLOSED ──failure_threshold consecutive failures──▶ OPEN ──open duration elapsed──▶ HALF_OPEN
+      ▲                                                 ▲                                  │
+      └────────success_threshold probe successes────────┼──────────────────────────────────┤
+                                                        └──any probe failure (duration ×2)─┘
+
+- The open duration starts at ``initial_recovery_timeout`` and doubles with each failed probe, up to
+  ``recovery_timeout``; closing resets it. A short outage is noticed within seconds, a long one costs one probe per
+  ``recovery_timeout`` (docs/liveness.md measures the choice). ``seconds_until_retry()`` says when a probe may go.
 
 - OPEN refuses every call with ``CircuitOpenError`` without calling it.
 - HALF_OPEN admits at most ``half_open_max_calls`` probes at a time; everyone else is refused at once.
@@ -79,7 +83,9 @@ class CircuitBreakerConfig:
     success_threshold: int = 2
     """Probe successes (in HALF_OPEN) that close it again."""
     recovery_timeout: float = 30.0
-    """Seconds in OPEN before probing."""
+    """Seconds in OPEN before probing, at most: the open duration grows to this."""
+    initial_recovery_timeout: float | None = None
+    """The first open duration, doubled after each failed probe up to ``recovery_timeout``; ``None``: fixed."""
     half_open_max_calls: int = 1
     """Probes allowed in flight at once while HALF_OPEN."""
     expected_exception: ExceptionTypes = Exception
@@ -92,16 +98,35 @@ class CircuitBreakerConfig:
         timeout = self.recovery_timeout
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or math.isnan(timeout) or timeout < 0:
             raise ValueError(f"recovery_timeout must be a non-negative number of seconds, got {timeout!r}")
+        first = self.initial_recovery_timeout
+        if first is not None and (
+            not isinstance(first, int | float) or isinstance(first, bool) or math.isnan(first) or first < 0
+        ):
+            raise ValueError(f"initial_recovery_timeout must be a non-negative number of seconds, got {first!r}")
         _check_exception_types("expected_exception", self.expected_exception)
 
 
 CIRCUIT_CONFIGS: Mapping[str, CircuitBreakerConfig] = {
-    # an external provider: a few blips are normal, five in a row are not
-    "hotel_api": CircuitBreakerConfig(failure_threshold=5, success_threshold=2, recovery_timeout=30.0),
-    # payments are critical: open early, reopen cautiously
-    "payment_api": CircuitBreakerConfig(failure_threshold=3, success_threshold=3, recovery_timeout=60.0),
-    # an internal agent: tolerate fluctuations, recover quickly
-    "search_agent": CircuitBreakerConfig(failure_threshold=10, success_threshold=1, recovery_timeout=15.0),
+    # an external provider: a few blips are normal, five in a row are not; probe after 2 s, then 4, 8 ... 30 s
+    "hotel_api": CircuitBreakerConfig(
+        failure_threshold=5, success_threshold=2, recovery_timeout=30.0, initial_recovery_timeout=2.0
+    ),
+    # payments are critical: open early, close cautiously (three good probes); the probes back off to 60 s
+    "payment_api": CircuitBreakerConfig(
+        failure_threshold=3, success_threshold=3, recovery_timeout=60.0, initial_recovery_timeout=2.0
+    ),
+    # an internal agent: tolerate fluctuations, recover quickly (a restart takes about a second)
+    "search_agent": CircuitBreakerConfig(
+        failure_threshold=10, success_threshold=1, recovery_timeout=15.0, initial_recovery_timeout=1.0
+    ),
+    # the model: a person waits on every turn, so a failing endpoint is given up quickly for the fallback and probed
+    # again soon (one probe brings it back; docs/model-dependency.md)
+    "llm_primary": CircuitBreakerConfig(
+        failure_threshold=5, success_threshold=1, recovery_timeout=20.0, initial_recovery_timeout=2.0
+    ),
+    "llm_fallback": CircuitBreakerConfig(
+        failure_threshold=5, success_threshold=1, recovery_timeout=20.0, initial_recovery_timeout=2.0
+    ),
 }
 
 
@@ -116,6 +141,8 @@ class CircuitStats(TypedDict):
     """Calls admitted."""
     probes_in_flight: int
     seconds_until_retry: float
+    open_for_s: float
+    """The open duration now: what the next opening (or the current one) lasts before a probe."""
 
 
 class CircuitBreaker:
@@ -137,6 +164,7 @@ class CircuitBreaker:
         "_max_probes",
         "_name",
         "_neutral",
+        "_open_for",
         "_opened_at",
         "_probe_successes",
         "_probes",
@@ -175,6 +203,7 @@ class CircuitBreaker:
         # copied out of the config: the hot path reads slots, not a dataclass chain
         self._expected = cfg.expected_exception
         self._recovery_timeout = float(cfg.recovery_timeout)
+        self._open_for = self._first_open_duration()
         self._max_probes = cfg.half_open_max_calls
         self._state = _CLOSED
         self._consecutive_failures = 0
@@ -206,10 +235,20 @@ class CircuitBreaker:
         """The stored state. An OPEN breaker whose recovery timeout has elapsed moves to HALF_OPEN on the next call."""
         return self._state
 
+    def _first_open_duration(self) -> float:
+        first = self._cfg.initial_recovery_timeout
+        return self._recovery_timeout if first is None else min(float(first), self._recovery_timeout)
+
+    @property
+    def open_duration(self) -> float:
+        """How long the breaker stays OPEN before a probe: now if OPEN, else the next time it opens."""
+        return self._open_for
+
     def seconds_until_retry(self) -> float:
+        """When a probe may go: seconds left of the open duration (0 unless OPEN). What a waiting run sleeps for."""
         if self._state is not _OPEN:
             return 0.0
-        return max(0.0, self._recovery_timeout - (self._clock() - self._opened_at))
+        return max(0.0, self._open_for - (self._clock() - self._opened_at))
 
     def check(self) -> None:
         """Raise ``CircuitOpenError`` if a call would be refused right now; admits nothing.
@@ -222,10 +261,10 @@ class CircuitBreaker:
         # The refusals are inlined (no helper call) because a refusal is the one thing an OPEN breaker does at load.
         if state is _OPEN:
             waited = self._clock() - self._opened_at
-            if waited < self._recovery_timeout:
+            if waited < self._open_for:
                 self._short_circuits += 1
                 emit(self._rejected_open)
-                raise CircuitOpenError(self._name, self._recovery_timeout - waited)
+                raise CircuitOpenError(self._name, self._open_for - waited)
         elif self._probes >= self._max_probes:
             self._short_circuits += 1
             emit(self._rejected_half_open)
@@ -237,10 +276,10 @@ class CircuitBreaker:
         if state is not _CLOSED:
             if state is _OPEN:
                 waited = self._clock() - self._opened_at
-                if waited < self._recovery_timeout:
+                if waited < self._open_for:
                     self._short_circuits += 1
                     emit(self._rejected_open)
-                    raise CircuitOpenError(self._name, self._recovery_timeout - waited)
+                    raise CircuitOpenError(self._name, self._open_for - waited)
                 self._transition(_HALF_OPEN)
             if self._probes >= self._max_probes:
                 self._short_circuits += 1
@@ -298,6 +337,7 @@ class CircuitBreaker:
             "calls": self._calls,
             "probes_in_flight": self._probes,
             "seconds_until_retry": self.seconds_until_retry(),
+            "open_for_s": self._open_for,
         }
 
     def _transition(self, new: CircuitState) -> None:
@@ -308,7 +348,11 @@ class CircuitBreaker:
         self._probe_successes = 0
         self._probes = 0
         if new is _OPEN:
+            if old is _HALF_OPEN:  # a failed probe: the outage goes on, wait longer before the next one
+                self._open_for = min(self._open_for * 2, self._recovery_timeout)
             self._opened_at = self._clock()
+        elif new is _CLOSED:
+            self._open_for = self._first_open_duration()
         emit(CircuitTransition(self._name, old, new))
 
     def __repr__(self) -> str:
@@ -352,6 +396,7 @@ class CircuitBreakerRegistry:
         success_threshold: int | None = None,
         recovery_timeout: float | None = None,
         half_open_max_calls: int | None = None,
+        initial_recovery_timeout: float | None = None,
     ) -> CircuitBreaker:
         """Set ``name``'s config at START-UP (e.g. a short recovery timeout for an end-to-end test).
 
@@ -367,6 +412,9 @@ class CircuitBreakerRegistry:
             success_threshold=base.success_threshold if success_threshold is None else success_threshold,
             recovery_timeout=base.recovery_timeout if recovery_timeout is None else recovery_timeout,
             half_open_max_calls=base.half_open_max_calls if half_open_max_calls is None else half_open_max_calls,
+            initial_recovery_timeout=(
+                base.initial_recovery_timeout if initial_recovery_timeout is None else initial_recovery_timeout
+            ),
         )
         self._configured[name] = config
         breaker = self._breakers.get(name)

@@ -8,6 +8,9 @@
      │    ├── BulkheadFullError         no slot within ``acquire_timeout``
      │    │    └── OverloadedError      admission control: no room for new work now (nothing recorded); retry_after
      │    ├── BulkheadTimeoutError      the call ran past min(bulkhead timeout, remaining budget); it was cancelled
+     │    ├── AttemptTimeoutError       one attempt ran past its share of the budget (``CALL_SHARES``) while the
+     │    │                             budget has more: a failure of that attempt, retried within the budget
+     │    ├── OutageWaitError           a run's step met an outage it may wait out: pause, then run it again
      │    └── BudgetExhaustedError      the request's timeout budget is spent (also a ``TimeoutError``)
      ├── NonRetryableError              a business error (bad input, declined card): never retried, never counted
      │                                  as a failure by a breaker. Applications subclass it.
@@ -16,9 +19,27 @@
 
 Every ``ResilienceError`` means "the dependency was not (fully) tried", so callers can map the whole family to
 one answer (503 / ``provider_unavailable``) and single out ``BudgetExhaustedError`` (``timeout``).
+
+The retry loop keeps the failures of a call's earlier attempts on the error it finally raises
+(``earlier_attempts``): whether a request may have reached the dependency is a question about every attempt, not
+only the last (``infra.error_table.may_have_reached``).
 """
 
 from __future__ import annotations
+
+_EARLIER = "_concierge_earlier_attempts"
+
+
+def keep_earlier_attempts(exc: BaseException, earlier: list[BaseException]) -> None:
+    """Record on ``exc`` the failures of the attempts made before the one that raised it (the retry loop)."""
+    if earlier:
+        setattr(exc, _EARLIER, (*earlier_attempts(exc), *(e for e in earlier if e is not exc)))
+
+
+def earlier_attempts(exc: BaseException) -> tuple[BaseException, ...]:
+    """The failures of the attempts a call made before the one that raised ``exc`` (empty: none, or no retry)."""
+    found = getattr(exc, _EARLIER, ())
+    return found if isinstance(found, tuple) else ()
 
 
 class ResilienceError(Exception):
@@ -66,6 +87,22 @@ class BulkheadTimeoutError(ResilienceError):
         super().__init__(f"bulkhead {name!r}: call exceeded {timeout:.2f}s and was cancelled")
         self.name = name
         self.timeout = timeout
+
+
+class AttemptTimeoutError(ResilienceError):
+    """One attempt used up its share of the budget; the budget itself has time left, so the retry loop may try again
+    (the dependency is slow: its breaker counts it)."""
+
+
+class OutageWaitError(ResilienceError):
+    """A step of an accepted run met an outage (``dependency`` down, an open breaker): the run pauses ``retry_after``
+    seconds (``None``: unknown) and runs the step again (``resilience.outages``). Chained to what the step met."""
+
+    def __init__(self, dependency: str, retry_after: float | None, reason: str) -> None:
+        super().__init__(f"{dependency} is unavailable ({reason}); waiting it out")
+        self.dependency = dependency
+        self.retry_after = retry_after
+        self.reason = reason
 
 
 class BudgetExhaustedError(ResilienceError, TimeoutError):

@@ -21,21 +21,38 @@ config's ``non_retryable_exceptions``) pass through untouched and never count ag
 outbound bulkhead ``outbound:<name>`` from ``OUTBOUND_BULKHEAD_CONFIGS``. Outbound bulkheads are separate from the
 agents' inbound ones (``BULKHEAD_CONFIGS``): a process calling the search agent must not compete for the slots
 the search agent uses to serve its own requests. One policy per name is cached.
+
+Every attempt gets a share of the budget left (``CALL_SHARES``): a dependency that has gone slow costs a caller one
+share per attempt, not its whole budget, and the attempt's timeout is a failure the breaker counts (the client's own
+timeout, raised inside the attempt), so the breaker opens while the caller still has budget to wait it out or fail
+cleanly. A share is a ceiling, not a forecast: a healthy call takes milliseconds of it.
+
+With the layers switched off (``resilience.layers``, for the cascade bench and demo only) a call skips 1–3 and
+retries naively: every attempt, whatever the last ones did, each waiting up to the client's default timeout.
+``in_flight`` counts the calls inside ``call`` in both worlds (``calls_in_flight()``, shown by ``/health``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
+from resilience.budget import budget_scope, default_budget, detached_budget, remaining_budget
 from resilience.bulkhead import Bulkhead, BulkheadConfig, bulkhead_registry, run_within_budget
 from resilience.circuit_breaker import CircuitBreaker, circuit_registry
-from resilience.retry import NO_RETRY, RETRY_CONFIGS, RetryConfig, call_with_retry
+from resilience.errors import AttemptTimeoutError, BudgetExhaustedError, NonRetryableError
+from resilience.layers import layers_on
+from resilience.outages import waits_out_outages
+from resilience.retry import NO_RETRY, RETRY_CONFIGS, RetryConfig, backoff_delay, call_with_retry
 
 __all__ = [
+    "CALL_SHARES",
     "DEFAULT_OUTBOUND_BULKHEAD_CONFIG",
     "OUTBOUND_BULKHEAD_CONFIGS",
     "ResiliencePolicy",
+    "calls_in_flight",
     "outbound_bulkhead_name",
     "policy_for",
 ]
@@ -49,9 +66,22 @@ OUTBOUND_BULKHEAD_CONFIGS: Mapping[str, BulkheadConfig] = {
     "payment_api": BulkheadConfig(max_concurrent=20, timeout=30.0, acquire_timeout=1.0),
     # as many as the search agent accepts (its inbound bulkhead has 20 slots)
     "search_agent": BulkheadConfig(max_concurrent=20, timeout=30.0, acquire_timeout=1.0),
+    # model calls stream for tens of seconds; the bound is the turn's budget, the slots what one replica streams
+    "llm_primary": BulkheadConfig(max_concurrent=64, timeout=120.0, acquire_timeout=1.0),
+    "llm_fallback": BulkheadConfig(max_concurrent=64, timeout=120.0, acquire_timeout=1.0),
 }
 
 DEFAULT_OUTBOUND_BULKHEAD_CONFIG = BulkheadConfig(max_concurrent=20, timeout=30.0, acquire_timeout=1.0)
+
+CALL_SHARES: Mapping[str, float] = {
+    # a search is the first of a booking's four calls: a quarter of what is left
+    "search_agent": 0.25,
+    "hotel_api": 0.25,
+    # a charge may legitimately take longer (3-D Secure, a slow acquirer)
+    "payment_api": 0.5,
+}
+"""The fraction of an accepted run's remaining budget one attempt may use, per dependency (none: the whole budget).
+Only runs take shares: a request served for a caller (search-agent's, payment-agent's) spends the budget it was sent."""
 
 
 def outbound_bulkhead_name(service_name: str) -> str:
@@ -61,7 +91,7 @@ def outbound_bulkhead_name(service_name: str) -> str:
 class ResiliencePolicy:
     """Breaker → bulkhead → bounded execution → retry around one dependency. Every layer is optional."""
 
-    __slots__ = ("bulkhead", "circuit", "name", "retry")
+    __slots__ = ("bulkhead", "circuit", "in_flight", "name", "retry", "share")
 
     def __init__(
         self,
@@ -70,23 +100,73 @@ class ResiliencePolicy:
         circuit: CircuitBreaker | None = None,
         bulkhead: Bulkhead | None = None,
         retry: RetryConfig | None = None,
+        share: float | None = None,
     ) -> None:
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share!r}")
         self.name = name
+        self.share = share
         self.circuit = circuit
         self.bulkhead = bulkhead
         self.retry = retry or NO_RETRY
+        self.in_flight = 0
 
     async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``await fn(*args, **kwargs)`` through every layer, in the order of the module docstring."""
+        if not layers_on():
+            return await self._bare(fn, args, kwargs)
         circuit = self.circuit
         if circuit is not None:
             circuit.check()
-        if self.bulkhead is not None:
-            return await self.bulkhead.run(call_with_retry, fn, args, kwargs, self.retry, circuit, self.name)
-        return await run_within_budget(self.name, call_with_retry, fn, args, kwargs, self.retry, circuit, self.name)
+        if self.share is not None:
+            fn = functools.partial(_within_share, self.share, fn)
+        self.in_flight += 1
+        try:
+            if self.bulkhead is not None:
+                return await self.bulkhead.run(call_with_retry, fn, args, kwargs, self.retry, circuit, self.name)
+            return await run_within_budget(self.name, call_with_retry, fn, args, kwargs, self.retry, circuit, self.name)
+        finally:
+            self.in_flight -= 1
+
+    async def _bare(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        """The layers off: every attempt made, each under the default timeout alone, no breaker, no slot."""
+        cfg = self.retry
+        self.in_flight += 1
+        try:
+            attempt = 0
+            while True:
+                try:
+                    with detached_budget(default_budget()):
+                        return await fn(*args, **kwargs)
+                except Exception as exc:
+                    retryable = isinstance(exc, cfg.retryable_exceptions) and not isinstance(
+                        exc, (NonRetryableError, cfg.non_retryable_exceptions)
+                    )
+                    if not retryable or attempt + 1 >= cfg.max_attempts:
+                        raise
+                await asyncio.sleep(backoff_delay(attempt, cfg))
+                attempt += 1
+        finally:
+            self.in_flight -= 1
 
     def __repr__(self) -> str:
         return f"<ResiliencePolicy {self.name!r} circuit={self.circuit!r} bulkhead={self.bulkhead!r}>"
+
+
+async def _within_share(share: float, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    """One attempt under ``share`` of the budget left: what it calls downstream is told that deadline."""
+    left = remaining_budget()
+    if left <= 0 or not waits_out_outages():
+        # the budget is spent (the call refuses itself), or this is a request: its caller already gave it a share,
+        # and a share of that share at every hop would leave the last call almost nothing
+        return await fn(*args, **kwargs)
+    try:
+        with budget_scope(left * share):
+            return await fn(*args, **kwargs)
+    except BudgetExhaustedError as exc:
+        if remaining_budget() <= 0:
+            raise  # the run's own budget is spent too
+        raise AttemptTimeoutError(f"an attempt ran past its share of the budget ({left * share:.2f}s)") from exc
 
 
 # name → (circuit registry generation, bulkhead registry generation, policy)
@@ -106,6 +186,12 @@ def policy_for(service_name: str) -> ResiliencePolicy:
             OUTBOUND_BULKHEAD_CONFIGS.get(service_name, DEFAULT_OUTBOUND_BULKHEAD_CONFIG),
         ),
         retry=RETRY_CONFIGS.get(service_name, RetryConfig()),
+        share=CALL_SHARES.get(service_name),
     )
     _policies[service_name] = (circuit_registry.generation, bulkhead_registry.generation, policy)
     return policy
+
+
+def calls_in_flight() -> dict[str, int]:
+    """Calls inside each dependency's policy right now, layers on or off (what a slow dependency holds)."""
+    return {name: policy.in_flight for name, (_, _, policy) in sorted(_policies.items())}

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from resilience.budget import remaining_budget
 from resilience.circuit_breaker import CircuitBreaker, CircuitState
-from resilience.errors import BudgetExhaustedError, CircuitOpenError, NonRetryableError
+from resilience.errors import BudgetExhaustedError, CircuitOpenError, NonRetryableError, keep_earlier_attempts
 from resilience.events import RetryGaveUp, RetryScheduled, emit
 from resilience.switches import Restore
 
@@ -75,6 +75,11 @@ class RetryConfig:
     retryable_exceptions: tuple[type[BaseException], ...] = (Exception,)
     non_retryable_exceptions: tuple[type[BaseException], ...] = ()
     """Business errors for this dependency: never retried and never counted as breaker failures."""
+    server_hints: bool = False
+    """Obey what the failure says of itself: ``exc.retryable is False`` ends the loop (a provider's
+    ``x-should-retry: false``), ``exc.retry_after`` seconds are waited, never less, jitter on top (up to
+    ``RETRY_AFTER_JITTER`` of it more); a wait that does not fit the budget re-raises ``exc`` at once, with its wait,
+    so the caller can fall back or tell its own caller when to come back. The model's endpoints use it."""
 
     def __post_init__(self) -> None:
         n = self.max_attempts
@@ -94,7 +99,15 @@ RETRY_CONFIGS: Mapping[str, RetryConfig] = {
     "hotel_api": RetryConfig(max_attempts=3, base_delay=1.0, non_retryable_exceptions=(ValueError, KeyError)),
     "payment_api": RetryConfig(max_attempts=2, base_delay=2.0, non_retryable_exceptions=(ValueError,)),
     "search_agent": RetryConfig(max_attempts=4, base_delay=0.5),
+    # the model: few, quick retries (a person waits), the provider's retry-after obeyed within the turn's budget;
+    # which errors retry is the model client's to say (infra.llm narrows retryable_exceptions)
+    "llm_primary": RetryConfig(max_attempts=3, base_delay=0.25, max_delay=4.0, server_hints=True),
+    "llm_fallback": RetryConfig(max_attempts=2, base_delay=0.25, max_delay=4.0, server_hints=True),
 }
+
+RETRY_AFTER_JITTER = 0.1
+"""A provider's ``retry-after`` is waited plus up to this fraction more (and up to ``base_delay``), spreading the
+clients it told the same instant."""
 
 NO_RETRY = RetryConfig(max_attempts=1)
 """One attempt: what a policy without a retry config uses."""
@@ -158,10 +171,23 @@ def _retry_delay(
     ):
         return None
     attempts = attempt + 1
+    asked: float | None = None
+    if cfg.server_hints:
+        if getattr(exc, "retryable", None) is False:
+            emit(RetryGaveUp(service, attempts, "not_retryable", exc))
+            return None
+        wait = getattr(exc, "retry_after", None)
+        if isinstance(wait, int | float) and not isinstance(wait, bool) and math.isfinite(wait) and wait >= 0:
+            asked = float(wait)
     if attempts >= cfg.max_attempts:
         emit(RetryGaveUp(service, attempts, "attempts_exhausted", exc))
         return None
     delay = backoff_delay(attempt, cfg, rng)
+    if asked is not None:
+        delay = asked + (rng or random).uniform(0.0, min(asked * RETRY_AFTER_JITTER, cfg.base_delay) or 0.0)
+        if delay >= remaining_budget():
+            emit(RetryGaveUp(service, attempts, "retry_after_exceeds_budget", exc))
+            return None
     if breaker is not None and breaker.state is CircuitState.OPEN:
         # This failure (or a concurrent one) opened the breaker: sleeping only to be refused helps nobody.
         retry_after = breaker.seconds_until_retry()
@@ -194,24 +220,33 @@ async def call_with_retry(
     cfg = config or _DEFAULT
     attempt = 0
     last: BaseException | None = None
+    failed: list[BaseException] = []  # every attempt's failure: kept on what is raised (``earlier_attempts``)
     while True:
         ticket = 0
         if circuit_breaker is not None:
             try:
                 ticket = circuit_breaker.admit()
-            except CircuitOpenError:
-                if last is not None:
-                    emit(RetryGaveUp(service_name, attempt, "circuit_open", last))
-                raise
+            except CircuitOpenError as refused:
+                if last is None:
+                    raise
+                emit(RetryGaveUp(service_name, attempt, "circuit_open", last))
+                keep_earlier_attempts(refused, failed)
+                raise refused from last
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
             if circuit_breaker is not None:
                 circuit_breaker.record_exception(exc, ticket, cfg.non_retryable_exceptions)
-            delay = _retry_delay(exc, attempt, cfg, service_name, rng, circuit_breaker)
+            try:
+                delay = _retry_delay(exc, attempt, cfg, service_name, rng, circuit_breaker)
+            except Exception as stopped:  # the breaker or the budget forbids another attempt
+                keep_earlier_attempts(stopped, [*failed, exc])
+                raise
             if delay is None:
+                keep_earlier_attempts(exc, failed)
                 raise
             last = exc
+            failed.append(exc)
         else:
             if circuit_breaker is not None:
                 circuit_breaker.record_success(ticket)

@@ -80,6 +80,7 @@ def test_service_configs() -> None:
         "search_agent": (20, 10.0, math.inf),
         "payment_agent": (5, 15.0, math.inf),
         "recovery_worker": (3, 120.0, 2.0),
+        "concierge_agent": (100, 180.0, 2.0),
     }
 
 

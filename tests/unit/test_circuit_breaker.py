@@ -400,12 +400,61 @@ def test_stats_report_what_health_endpoints_need(clock: FakeClock) -> None:
         "calls": 0,
         "probes_in_flight": 0,
         "seconds_until_retry": 0.0,
+        "open_for_s": 10.0,
     }
     cb.record_exception(Down(), cb.admit())
     stats = cb.stats()
     assert stats["state"] == "open"
     assert stats["calls"] == 1
     assert stats["seconds_until_retry"] == pytest.approx(10.0)
+
+
+# ------------------------------------------------------------------------------------------------ open duration
+
+
+async def probe_fails(cb: CircuitBreaker, clock: FakeClock) -> None:
+    """Wait out the open duration, then let the probe fail."""
+    clock.now += cb.seconds_until_retry()
+    await fail(cb)
+
+
+async def test_open_duration_doubles_with_each_failed_probe_up_to_the_maximum(clock: FakeClock) -> None:
+    cb = breaker(clock, failure_threshold=1, success_threshold=1, recovery_timeout=10.0, initial_recovery_timeout=2.0)
+    await fail(cb)
+    seen = [cb.seconds_until_retry()]
+    for _ in range(4):
+        await probe_fails(cb, clock)
+        seen.append(cb.seconds_until_retry())
+    assert seen == [2.0, 4.0, 8.0, 10.0, 10.0]
+    clock.now += 9.9
+    with pytest.raises(CircuitOpenError) as refused:
+        await cb.call(ok)
+    assert refused.value.retry_after == pytest.approx(0.1)
+
+
+async def test_closing_resets_the_open_duration(clock: FakeClock) -> None:
+    cb = breaker(clock, failure_threshold=1, success_threshold=1, recovery_timeout=10.0, initial_recovery_timeout=2.0)
+    await fail(cb)
+    await probe_fails(cb, clock)
+    assert cb.open_duration == 4.0
+    clock.now += cb.seconds_until_retry()
+    assert await cb.call(ok) == "ok"
+    assert cb.state is CircuitState.CLOSED and cb.open_duration == 2.0
+    await fail(cb)
+    assert cb.seconds_until_retry() == 2.0
+
+
+def test_without_an_initial_duration_the_open_duration_is_fixed(clock: FakeClock) -> None:
+    cb = breaker(clock, recovery_timeout=7.0)
+    assert cb.open_duration == 7.0
+    # an initial duration longer than the maximum is cut to it (CONCIERGE_CIRCUITS may shorten only the maximum)
+    assert breaker(clock, recovery_timeout=1.0, initial_recovery_timeout=2.0).open_duration == 1.0
+
+
+def test_the_table_starts_every_breaker_short() -> None:
+    for name, cfg in CIRCUIT_CONFIGS.items():
+        assert cfg.initial_recovery_timeout is not None and cfg.initial_recovery_timeout <= 2.0, name
+        assert cfg.recovery_timeout >= 15.0, name
 
 
 # ------------------------------------------------------------------------------------------------ registry

@@ -34,6 +34,7 @@ from resilience import (
     policy_for,
     remaining_budget,
     remove_hook,
+    wait_out_outages,
 )
 from tests.fakes import FakeClock
 
@@ -315,3 +316,114 @@ async def test_policy_for_every_service_and_an_unknown_one() -> None:
         assert await policy.call(asyncio.sleep, 0, name) == name
         assert policy.circuit is circuit_registry.get(name)
     assert policy_for("somewhere_else").retry == RetryConfig()
+
+
+# ------------------------------------------------------------------------------------- the layers switched off
+
+
+async def test_with_the_layers_off_an_open_breaker_and_a_full_bulkhead_stop_nothing() -> None:
+    from resilience import calls_in_flight, set_layers
+
+    bulkhead = Bulkhead("hotel", BulkheadConfig(max_concurrent=1, timeout=5.0, acquire_timeout=0.0))
+    policy = ResiliencePolicy("hotel_api", circuit=open_breaker(), bulkhead=bulkhead, retry=INSTANT_RETRY)
+    gate = asyncio.Event()
+    calls = 0
+
+    async def slow() -> str:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        return "ok"
+
+    with set_layers(False):
+        first = asyncio.create_task(policy.call(slow))
+        second = asyncio.create_task(policy.call(slow))
+        await settle()
+        assert calls == 2  # neither the open breaker nor the one slot held them back
+        assert bulkhead.in_use == 0
+        assert policy.in_flight == 2
+        gate.set()
+        assert await asyncio.gather(first, second) == ["ok", "ok"]
+    assert policy.in_flight == 0
+    assert all(n == 0 for n in calls_in_flight().values())
+    with pytest.raises(CircuitOpenError):
+        await policy.call(slow)  # the switch restored: the breaker refuses again
+
+
+async def test_with_the_layers_off_every_attempt_is_made_and_none_feeds_the_breaker() -> None:
+    from resilience import set_layers
+
+    cb = CircuitBreaker("hotel_api", CircuitBreakerConfig(failure_threshold=1, recovery_timeout=30.0))
+    policy = ResiliencePolicy("hotel_api", circuit=cb, retry=INSTANT_RETRY)
+    attempts = 0
+
+    async def failing() -> None:
+        nonlocal attempts
+        attempts += 1
+        raise Flaky("down")
+
+    with set_layers(False), budget_scope(0.5):
+        with pytest.raises(Flaky):
+            await policy.call(failing)
+        inside = remaining_budget()
+    assert attempts == INSTANT_RETRY.max_attempts
+    assert cb.state is CircuitState.CLOSED
+    assert inside <= 0.5  # the caller's scope stands; only the calls ran under the default timeout
+
+
+async def test_each_attempt_gets_its_share_of_the_budget_left() -> None:
+    seen: list[float] = []
+
+    async def attempt() -> None:
+        seen.append(remaining_budget())
+        if len(seen) < 2:
+            raise Flaky("slow")
+
+    policy = ResiliencePolicy("hotel_api", retry=INSTANT_RETRY, share=0.25)
+    with budget_scope(4.0), wait_out_outages():  # an accepted run's call
+        await policy.call(attempt)
+        left = remaining_budget()
+    assert len(seen) == 2
+    assert all(0 < s <= 1.0 for s in seen)  # a quarter of the 4 s, each attempt
+    assert left > 3.0  # the caller keeps the rest
+
+
+async def test_a_request_spends_the_budget_it_was_sent_without_taking_a_share() -> None:
+    seen: list[float] = []
+
+    async def attempt() -> None:
+        seen.append(remaining_budget())
+
+    policy = ResiliencePolicy("hotel_api", retry=INSTANT_RETRY, share=0.25)
+    with budget_scope(4.0):  # a request: its caller already cut its budget
+        await policy.call(attempt)
+    assert seen and seen[0] > 3.0
+
+
+async def test_an_attempt_past_its_share_is_retried_while_the_budget_has_more() -> None:
+    calls = 0
+
+    async def attempt() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise BudgetExhaustedError("hotel_api: the share ran out")  # what a client raises at its deadline
+        return "ok"
+
+    policy = ResiliencePolicy("hotel_api", retry=INSTANT_RETRY, share=0.25)
+    with budget_scope(4.0), wait_out_outages():
+        assert await policy.call(attempt) == "ok"
+    assert calls == 2
+
+
+def test_a_share_outside_zero_to_one_is_refused() -> None:
+    for share in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="share"):
+            ResiliencePolicy("x", share=share)
+
+
+def test_policy_for_gives_the_configured_shares() -> None:
+    from resilience import CALL_SHARES
+
+    for name, share in CALL_SHARES.items():
+        assert policy_for(name).share == share
