@@ -191,6 +191,9 @@ class JournalKind(StrEnum):
     """A call to a dependency; ``replayed: true`` when it answered from its stored result instead of acting again."""
     RETRY_SCHEDULED = "retry_scheduled"
     CIRCUIT_REJECTED = "circuit_rejected"
+    PAUSED = "paused"
+    """The run waits out an outage: ``dependency``, ``wait_s``, ``attempt`` (its pauses so far), then runs the step
+    again."""
     OWNER_LOST = "owner_lost"
     QUEUED_FOR_RECOVERY = "queued_for_recovery"
     RESUMED = "resumed"
@@ -233,6 +236,8 @@ class ErrorCode(StrEnum):
     """This service is at capacity; try again shortly."""
     UNAVAILABLE = "unavailable"
     """This service cannot serve right now (its own store or a resilience limit)."""
+    SHUTTING_DOWN = "shutting_down"
+    """This process is stopping and takes nothing new: send it again (a replica, or after the restart)."""
     ALREADY_FINAL = "already_final"
     """A cancel of a booking that is final already (or being confirmed): nothing changed."""
     INVALID_HEADER = "invalid_header"
@@ -242,6 +247,30 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     """The caller is known but may not do this: a skill it is not allowed to call, a refund of a confirmed booking."""
+    NOT_FOUND = "not_found"
+    """No such thing (a booking an A2A skill was asked about)."""
+    TURN_IN_PROGRESS = "turn_in_progress"
+    """A chat's turn is running: its next message waits until it ends (``domain.chat``)."""
+    APPROVAL_PENDING = "approval_pending"
+    """A chat waits for the person's approval of a booking: decide it before the next message."""
+    APPROVAL_EXPIRED = "approval_expired"
+    """The approval is older than ``APPROVAL_TTL_S``: nothing was booked."""
+    MODEL_CALLS_EXHAUSTED = "model_calls_exhausted"
+    """A turn asked the model ``LLM_MAX_CALLS_PER_TURN`` times without an answer: it ends ``failed``."""
+    MODEL_UNAVAILABLE = "model_unavailable"
+    """The language model (and its fallback) failed, timed out or broke off; nothing it said was used."""
+    MODEL_RATE_LIMITED = "model_rate_limited"
+    """The model's provider asked for a wait that does not fit the turn's budget (``retry_after`` says how long)."""
+    MODEL_QUOTA_EXCEEDED = "model_quota_exceeded"
+    """The provider's billing quota is spent (a 429 ``insufficient_quota``): waiting does not help."""
+    MODEL_AUTH = "model_auth"
+    """The provider refused our key (401/403): a configuration to fix, not a moment to wait out."""
+    MODEL_BAD_REQUEST = "model_bad_request"
+    """The provider refused the request as sent (400, 404 unknown model, 422)."""
+    MODEL_CONTEXT_TOO_LONG = "model_context_too_long"
+    """The conversation no longer fits the model's context."""
+    TOKEN_BUDGET_EXHAUSTED = "token_budget_exhausted"
+    """The turn or the chat has spent its tokens or its model calls; the next call was not made."""
     INTERNAL = "internal"
     """A bug or an unexpected failure: logged with its traceback, never sent."""
 
@@ -262,11 +291,24 @@ _HTTP_STATUS: Final = {
     ErrorCode.OVERLOADED: 429,
     ErrorCode.BULKHEAD_FULL: 503,
     ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.ALREADY_FINAL: 409,
     ErrorCode.INVALID_HEADER: 400,
     ErrorCode.HOST_NOT_ALLOWED: 421,
     ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.TURN_IN_PROGRESS: 409,
+    ErrorCode.APPROVAL_PENDING: 409,
+    ErrorCode.APPROVAL_EXPIRED: 409,
+    ErrorCode.MODEL_CALLS_EXHAUSTED: 502,
+    ErrorCode.MODEL_UNAVAILABLE: 503,
+    ErrorCode.MODEL_RATE_LIMITED: 429,
+    ErrorCode.MODEL_QUOTA_EXCEEDED: 503,
+    ErrorCode.MODEL_AUTH: 502,
+    ErrorCode.MODEL_BAD_REQUEST: 502,
+    ErrorCode.MODEL_CONTEXT_TOO_LONG: 422,
+    ErrorCode.TOKEN_BUDGET_EXHAUSTED: 422,
     ErrorCode.INTERNAL: 500,
 }

@@ -23,7 +23,15 @@ resumed run (after a crash, from the last checkpoint) never holds a room or char
 with ``durability="sync"``: a step's checkpoint is written before the next step starts. Thread id = booking id.
 
 Errors that answer the booking (no rooms, declined card, provider down, out of time) become ``error`` in the state
-and route to ``compensate``. Anything else (Redis down, a bug) raises: the run fails, recovery retries it.
+and route to ``compensate``. Anything else (Redis down, a bug) raises: the run fails, recovery retries it. A
+provider or peer down is an answer only when the run cannot wait for it: inside a run (``wait_out_outages``) the
+step raises ``OutageWaitError`` and the run pauses until the breaker's next probe and runs the step again, as long
+as that fits its budget (``classify``, docs/liveness.md).
+
+``charge_attempted`` says whether a charge may have reached payment-api (``infra.error_table.may_have_reached``:
+not when our breaker or bulkhead refused it, the connection never opened, or payment-agent says its own request
+never left); only then does ``refund`` run. The booking record keeps a mark written before each charge is sent, so
+an attempt that may have left (or a process that died mid-call) is remembered across re-runs.
 
 Cancel (``POST /bookings/{id}/cancel`` sets a durable flag on the booking record): ``search``, ``reserve`` and
 ``charge`` ask for it as the last thing they do, and the edge after them routes to ``compensate`` when it was set
@@ -59,11 +67,11 @@ from infra.a2a.client import A2AClient
 from infra.bookings import BookingStore
 from infra.clients.errors import NoAvailabilityError
 from infra.clients.providers import HotelApiClient
-from infra.error_table import answer_for
+from infra.error_table import answer_for, is_outage, may_have_reached
 from infra.journal import note
 from infra.payment_tokens import PaymentTokens
 from infra.settings import get_settings
-from resilience import policy_for
+from resilience import OutageWaitError, circuit_registry, outage_pause, pause_fits, policy_for, waits_out_outages
 from resilience.budget import detached_budget
 
 logger = logging.getLogger(__name__)
@@ -143,17 +151,41 @@ def failure(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": str(code), "message": message}}
 
 
-def classify(exc: BaseException) -> dict[str, Any]:
+_WAITED_OUT = frozenset({ErrorCode.PROVIDER_UNAVAILABLE, ErrorCode.UNAVAILABLE, ErrorCode.BULKHEAD_FULL})
+
+
+def classify(exc: BaseException, dependency: str | None = None) -> dict[str, Any]:
     """The booking error for an exception that answers the booking (``infra.error_table``); re-raises the rest.
 
     ``internal`` (a bug) is not an answer: the run fails and recovery runs it again. Nor is
     ``dependency_unavailable``, ours or a peer's (its Redis or Postgres unreachable, answered as its skill error):
     the stores are coming back, so the run pauses and the step runs again (``runs.runner``), its effects deduplicated.
+    Nor, inside a run that may wait, is ``dependency`` being down: ``OutageWaitError`` when the pause fits.
     """
     answer = answer_for(exc)
     if answer.code in (ErrorCode.INTERNAL, ErrorCode.DEPENDENCY_UNAVAILABLE):
         raise exc
+    if dependency is not None and answer.code in _WAITED_OUT and is_outage(exc) and waits_out_outages():
+        retry_after = _next_probe(exc, dependency)
+        if pause_fits(outage_pause(retry_after, 0, jitter=False)):
+            raise OutageWaitError(dependency, retry_after, answer.message) from exc
     return failure(answer.code, answer.message)
+
+
+def _next_probe(exc: BaseException, dependency: str) -> float | None:
+    """When the breaker in the way may let a probe through: the refusal's own figure (ours, or a peer's in its skill
+    error's data), else our breaker's if it opened meanwhile; ``None`` when nobody knows."""
+    wait = getattr(exc, "retry_after", None)
+    if wait is None:
+        data = getattr(exc, "data", None)
+        wait = data.get("retry_after") if isinstance(data, dict) else None
+    if isinstance(wait, int | float) and not isinstance(wait, bool):
+        return float(wait)
+    if dependency in circuit_registry:
+        breaker = circuit_registry.get(dependency)
+        if breaker.seconds_until_retry() > 0:
+            return breaker.seconds_until_retry()
+    return None
 
 
 CANCELLED: dict[str, Any] = {"cancelled": True}
@@ -193,7 +225,7 @@ async def search(state: BookingState, config: RunnableConfig, *, deps: BookingDe
     try:
         result = await policy_for("search_agent").call(deps.search_agent.call, "search_hotels", query)
     except Exception as exc:
-        return classify(exc)
+        return classify(exc, "search_agent")
     offers = result.get("offers", [])
     if not offers:
         return failure(ErrorCode.NO_AVAILABILITY, "no hotel matches this search")
@@ -221,7 +253,7 @@ async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingD
             last_error = exc  # taken meanwhile: the next candidate
             continue
         except Exception as exc:
-            return classify(exc)
+            return classify(exc, "hotel_api")
         return {
             "hotel_id": offer["hotel_id"],
             "hotel_name": offer["name"],
@@ -246,12 +278,19 @@ async def charge(state: BookingState, config: RunnableConfig, *, deps: BookingDe
         "payment_token": token,
         "reference": state["booking_id"],
     }
+    # written ahead: if we die mid-call, whoever resumes the run knows this charge may have left
+    left_before = await deps.bookings.charge_leaving(state["booking_id"])
     try:
         result = await policy_for("payment_api").call(deps.payment_agent.call, "charge_payment", request)
     except Exception as exc:
-        outcome = classify(exc)
-        # A charge that did not answer may still have been captured: compensation then refunds by reference.
-        return {**outcome, "charge_attempted": outcome["error"]["code"] != ErrorCode.PAYMENT_DECLINED}
+        if answer_for(exc).code == ErrorCode.PAYMENT_DECLINED:  # an answer: nothing was captured
+            return {**classify(exc), "charge_attempted": False}
+        # A charge that did not answer may still have been captured: compensation then refunds by reference. One
+        # refused before it left (our breaker or bulkhead, no connection, payment-agent's own breaker) was not.
+        attempted = left_before or may_have_reached(exc)
+        if not attempted:
+            await deps.bookings.charge_never_left(state["booking_id"])
+        return {**classify(exc, "payment_api"), "charge_attempted": attempted}
     return {"payment_id": result["payment_id"], "charge_attempted": True}
 
 
@@ -266,7 +305,7 @@ async def confirm(state: BookingState, config: RunnableConfig, *, deps: BookingD
             deps.hotels.confirm, str(state["reservation_id"]), idempotency_key=idempotency_key()
         )
     except Exception as exc:
-        return classify(exc)
+        return classify(exc, "hotel_api")
     return {"status": BookingStatus.CONFIRMED}
 
 
@@ -406,6 +445,12 @@ def build_booking_graph(
     builder.add_edge(["release_hold", "refund"], "finish")
     builder.add_edge("finish", END)
     return builder.compile(checkpointer=checkpointer, name="booking")
+
+
+def booking_deadline(accepted_at: float) -> float:
+    """When an accepted booking promised its caller an end (seconds since the epoch): ``BOOKING_BUDGET_S`` from its
+    acceptance, however often it is resumed (``execute_run(promised_until=)``)."""
+    return accepted_at + get_settings().booking_budget_s
 
 
 def booking_input(booking_id: str, request: dict[str, Any]) -> BookingState:

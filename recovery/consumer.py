@@ -70,6 +70,7 @@ from infra.error_table import is_outage
 from infra.journal import writer
 from infra.metrics import observe_recovery
 from infra.settings import Settings, get_settings
+from infra.tasks import drain_tasks
 from recovery.errors import RecoveryStoreError
 from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
 from resilience import Bulkhead, RetryConfig, backoff_delay, bulkhead_registry
@@ -126,6 +127,12 @@ class RecoverableGraph:
     values and the last error; empty when the run is in its compensation already (it is run again as it stands)."""
     prepare: Callable[[RunRecord], Awaitable[object]] | None = None
     """Recreate what the run expects to exist before it resumes (the booking record for bookings); idempotent."""
+    starts_over: Callable[[RunRecord, StateSnapshot], bool] | None = None
+    """Whether the thread's checkpoint is an earlier run's (a chat's previous turn, ``RunStore.begin``): the run then
+    starts from its stored input, as one with no checkpoint at all does."""
+    promised_until: Callable[[RunRecord], float] | None = None
+    """When the run promised its caller an end (seconds since the epoch): a resumed attempt waits out an outage only
+    until then (``execute_run``), its fresh budget notwithstanding."""
 
 
 @dataclass(frozen=True)
@@ -297,24 +304,7 @@ class RecoveryConsumer:
     async def stop(self, grace: float = 10.0) -> None:
         """Stop taking; runs cancel their step and are handed back (within ``grace``, else their tasks are cancelled)."""
         self.stopping.set()
-        tasks = set(self._tasks)
-        if not tasks:
-            return
-        logger.info("recovery consumer stopping: handing back %d run(s)", len(tasks))
-        _done, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        if pending:
-            # cancelled runs hand themselves back (bounded inside execute_run); do not hang the shutdown on them
-            _done, stuck = await asyncio.wait(pending, timeout=5)
-            if stuck:
-                logger.warning(
-                    "recovery consumer: %d run task(s) did not end within %.0fs of their cancellation (%s); their"
-                    " leases will expire",
-                    len(stuck),
-                    5,
-                    ", ".join(sorted(task.get_name() for task in stuck)),
-                )
+        await drain_tasks(self._tasks, grace=grace, what="recovery consumer")
 
     async def _wait_for_stop(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True if ``stop()`` was called meanwhile."""
@@ -397,15 +387,17 @@ class RecoveryConsumer:
                 result = await self._in_bulkhead(self._attempt, target, record, current)
             except Exception as exc:
                 result = RunResult(RunOutcome.FAILED, error=exc)
-            if result.outcome is RunOutcome.DONE:
-                logger.info("run %s: recovered on attempt %d", thread_id, attempt)
+            if result.outcome in (RunOutcome.DONE, RunOutcome.PARKED):
+                logger.info("run %s: recovered on attempt %d (%s)", thread_id, attempt, result.outcome.value)
                 return RecoveryOutcome.RECOVERED
             if result.outcome is RunOutcome.HANDED_OFF:
                 return RecoveryOutcome.HANDED_BACK
             if result.outcome is RunOutcome.LOST:
                 return RecoveryOutcome.LOST
             last_error = _describe(result.error)
-            logger.warning("run %s: attempt %d failed: %s", thread_id, attempt, last_error)
+            waiting_out = outage.goes_on(result.error)
+            if not waiting_out:
+                logger.warning("run %s: attempt %d failed: %s", thread_id, attempt, last_error)
             if not current.lost:
                 # failed before the graph ran (execute_run records its own errors): keep the cause on the record
                 await current.set_status(RunStatus.RUNNING, error=last_error)
@@ -416,11 +408,12 @@ class RecoveryConsumer:
                 if reacquired is None:
                     return RecoveryOutcome.LOST
                 current = holder[0] = reacquired
-            if outage.goes_on(result.error):
-                # not the run failing: something it needs is down; this attempt does not count
+            if waiting_out:
+                # not the run failing: something it needs is down; this attempt does not count. One line, no
+                # traceback: nobody needs to act on an outage that is being waited out
                 attempt = await current.increment_attempts(by=-1)
                 delay = outage.next_delay()
-                logger.warning("run %s: waiting out an outage; again in %.1fs", thread_id, delay)
+                logger.warning("run %s: waiting out an outage (%s); again in %.1fs", thread_id, last_error, delay)
             elif attempt >= self.config.max_attempts:
                 return await self._give_up(target, record, current, last_error, attempt)
             else:
@@ -456,7 +449,7 @@ class RecoveryConsumer:
             # owner lost (its lease ran out, or it handed the run off) → resumed here (the lease's end is on Redis's
             # clock, ours is compared with it: one host, or NTP)
             observe_recovery(time.time() - record.lease_expires_at)
-        if snapshot.created_at is None:
+        if snapshot.created_at is None or _starts_over(target, record, snapshot):
             run_input: dict[str, Any] | None = dict(record.input)
             logger.info("run %s: no checkpoint; starting from the stored input", record.thread_id)
             _journal(record.thread_id, JournalKind.RESUMED, **resumed, at_step="search", checkpoint_id=None)
@@ -473,7 +466,13 @@ class RecoveryConsumer:
             checkpoint_id = snapshot.config.get("configurable", {}).get("checkpoint_id")
             _journal(record.thread_id, JournalKind.RESUMED, **resumed, at_step=where, checkpoint_id=checkpoint_id)
         return await execute_run(
-            graph, lease, run_input, budget_s=self.config.budget_s, stop=self.stopping, hand_off=self.guard.safe_enqueue
+            graph,
+            lease,
+            run_input,
+            budget_s=self.config.budget_s,
+            stop=self.stopping,
+            hand_off=self.guard.safe_enqueue,
+            promised_until=None if target.promised_until is None else target.promised_until(record),
         )
 
     # ----------------------------------------------------------------------------------------- giving up
@@ -540,12 +539,13 @@ class RecoveryConsumer:
             if target.prepare is not None:
                 await target.prepare(record)
             snapshot = await graph.aget_state(config)
-            if snapshot.created_at is not None and _is_final(snapshot):
+            fresh = _starts_over(target, record, snapshot)
+            if snapshot.created_at is not None and _is_final(snapshot) and not fresh:
                 await lease.finish(RunStatus.DONE)
                 return RunResult(RunOutcome.DONE, dict(snapshot.values))
             # state writes outside a node are not fenced by the graph: check we still own the run right before
             await lease.ensure_owned()
-            if snapshot.created_at is None:
+            if snapshot.created_at is None or fresh:
                 # nothing ran yet: record the input first, so the compensation has a state to work from
                 await graph.aupdate_state(config, dict(record.input))
                 snapshot = await graph.aget_state(config)
@@ -588,6 +588,10 @@ class RecoveryConsumer:
                 await self._hand_back(lease)
         except Exception:
             logger.warning("run %s: could not hand it back; its lease will expire", lease.thread_id, exc_info=True)
+
+
+def _starts_over(target: RecoverableGraph, record: RunRecord, snapshot: StateSnapshot) -> bool:
+    return snapshot.created_at is not None and target.starts_over is not None and target.starts_over(record, snapshot)
 
 
 def _is_final(snapshot: StateSnapshot) -> bool:

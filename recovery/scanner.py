@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from redis.asyncio import Redis
 
 from domain.booking import JournalKind
+from infra.error_table import is_outage
 from infra.journal import writer
 from infra.redis import RedisScript, text
 from infra.settings import get_settings
@@ -139,12 +140,23 @@ class OrphanScanner:
 
     async def run(self) -> None:
         """Scan every ``interval`` until cancelled or ``stopping``; a failed scan is logged and the loop carries on."""
+        down_since: float | None = None  # an outage of the stores is one WARNING when it starts and one when it ends
         while not self.stopping.is_set():
             started = self._clock()
             try:
                 await self.scan_once()
-            except Exception:
-                logger.exception("orphan scan failed; retrying in %.2fs", self.interval)
+            except Exception as exc:
+                if not is_outage(exc):
+                    logger.exception("orphan scan failed; retrying in %.2fs", self.interval)
+                elif down_since is None:
+                    down_since = started
+                    logger.warning(
+                        "orphan scans paused: %s: %s; retrying every %.2fs", type(exc).__name__, exc, self.interval
+                    )
+            else:
+                if down_since is not None:
+                    logger.warning("orphan scans resumed after %.1fs", started - down_since)
+                    down_since = None
             if self.stopping.is_set():
                 return
             await self._sleep(max(0.0, self.interval - (self._clock() - started)))

@@ -69,6 +69,9 @@ class RunStatus(StrEnum):
     """Accepted, nobody working on it (created, or released for recovery)."""
     RUNNING = "running"
     """A lease holder took responsibility for it."""
+    PARKED = "parked"
+    """Stopped at an ``interrupt()`` waiting for a person (a concierge approval): nobody holds it, no scan recovers
+    it; ``RunStore.decide`` records the answer and takes it up again (``RunRecord.waiting`` says what it waits for)."""
     DONE = "done"
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
@@ -130,6 +133,14 @@ class RunRecord:
     """Held by its owner's presence (``runs.presence``): it ends when that process is gone, not at a set time."""
     hold_ended: str | None = None
     """Why the owner's own audit ended its hold (``runs.audit``), until the next owner takes it."""
+    turn: str | None = None
+    """The caller's name for this run of the thread (``RunStore.begin``: a chat's turn id)."""
+    waiting: dict[str, Any] | None = None
+    """A ``parked`` run's interrupt payload (what it waits for)."""
+    waiting_until: float | None = None
+    """When a ``parked`` run's wait expires (epoch seconds, Redis server clock)."""
+    resume: Any = None
+    """The answer a decided wait resumes with (``Command(resume=...)``) until the next run of the thread begins."""
 
     @property
     def is_final(self) -> bool:
@@ -197,7 +208,7 @@ _ACQUIRE = RedisScript(
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
 local status, lease_until, previous = unpack(redis.call('HMGET', KEYS[1], 'status', 'lease_until', 'owner'))
-if FINAL[status] then return {0, 0} end
+if FINAL[status] or status == 'parked' then return {0, 0} end
 local now = now_ms()
 if (tonumber(lease_until) or 0) > now then return {0, 0} end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
@@ -282,6 +293,101 @@ return redis.call('HINCRBY', KEYS[1], 'attempts', ARGV[2])
 )
 
 
+# KEYS: run, active, instances | ARGV: thread_id, graph, input, owner, ttl_ms, presence, runs_of_prefix, client_key
+# ('' = none), turn → {1 started (fence), held} | {0, status} busy | {-1, turn} a repeat of client_key's turn.
+# A thread's next run (a chat's next turn): starts when there is no run or the last one is final, like ``create``.
+_BEGIN = RedisScript(
+    _LUA_PRELUDE
+    + """
+if ARGV[8] ~= '' then
+  local turn = redis.call('HGET', KEYS[1], 'key:' .. ARGV[8])
+  if turn then return {-1, turn} end
+end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status and not FINAL[status] then return {0, status} end
+local now = now_ms()
+local expiry = expiry_for(KEYS[3], ARGV[4], ARGV[6], ARGV[5], now)
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+redis.call('HSET', KEYS[1], 'thread_id', ARGV[1], 'graph', ARGV[2], 'input', ARGV[3], 'owner', ARGV[4],
+  'status', 'running', 'attempts', 0, 'updated_at', now, 'last_error', '', 'lease_until', expiry, 'turn', ARGV[9])
+redis.call('HSETNX', KEYS[1], 'created_at', now)
+redis.call('HDEL', KEYS[1], 'claimed', 'hold_ended', 'waiting', 'waiting_id', 'waiting_until', 'resume')
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'key:' .. ARGV[8], ARGV[9]) end
+redis.call('PERSIST', KEYS[1])
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+take_hold(ARGV[7], ARGV[4], ARGV[1], expiry)
+if expiry == HELD then return {fence, 1} end
+return {fence, 0}
+"""
+)
+
+# KEYS: run, active | ARGV: thread_id, owner, fence, runs_of_prefix, waiting (JSON), waiting_id, waiting_until_ms
+# → 1 parked, 0 not ours
+_PARK = RedisScript(
+    _LUA_PRELUDE
+    + """
+local owner, fence, status = unpack(redis.call('HMGET', KEYS[1], 'owner', 'fence', 'status'))
+if owner ~= ARGV[2] or fence ~= ARGV[3] or FINAL[status] then return 0 end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'owner', '', 'status', 'parked', 'lease_until', now, 'updated_at', now,
+  'waiting', ARGV[5], 'waiting_id', ARGV[6], 'waiting_until', ARGV[7])
+redis.call('HDEL', KEYS[1], 'claimed', 'resume')
+redis.call('ZREM', KEYS[2], ARGV[1])
+drop_hold(ARGV[4], owner, ARGV[1])
+return 1
+"""
+)
+
+# KEYS: run, active, instances | ARGV: thread_id, waiting_id, answer (JSON), expired answer (JSON), owner, ttl_ms,
+# presence, runs_of_prefix → {fence, held, answer, 1 if expired} taken up with this answer | {0, 0, answer, expired}
+# decided before (the first answer stands) | {-1, 0, '', 0} no such wait.
+# The first answer wins: it is recorded and the run is taken up in one step, so two racing answers resume it once.
+_DECIDE = RedisScript(
+    _LUA_PRELUDE
+    + """
+local decided = redis.call('HGET', KEYS[1], 'decided:' .. ARGV[2])
+if decided then
+  return {0, 0, decided, tonumber(redis.call('HGET', KEYS[1], 'expired:' .. ARGV[2]) or '0')}
+end
+local status, waiting_id, waiting_until, previous =
+  unpack(redis.call('HMGET', KEYS[1], 'status', 'waiting_id', 'waiting_until', 'owner'))
+if status ~= 'parked' or waiting_id ~= ARGV[2] then return {-1, 0, '', 0} end
+local now = now_ms()
+local answer, expired = ARGV[3], 0
+if now > (tonumber(waiting_until) or 0) then answer, expired = ARGV[4], 1 end
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+local expiry = expiry_for(KEYS[3], ARGV[5], ARGV[7], ARGV[6], now)
+redis.call('HSET', KEYS[1], 'decided:' .. ARGV[2], answer, 'expired:' .. ARGV[2], expired, 'resume', answer,
+  'owner', ARGV[5], 'status', 'running', 'lease_until', expiry, 'updated_at', now)
+redis.call('HDEL', KEYS[1], 'waiting', 'waiting_id', 'waiting_until', 'claimed', 'hold_ended')
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+take_hold(ARGV[8], ARGV[5], ARGV[1], expiry)
+if expiry == HELD then return {fence, 1, answer, expired} end
+return {fence, 0, answer, expired}
+"""
+)
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What ``RunStore.begin`` did: started a run (``lease``), found the thread busy (``busy``: its status), or found
+    the run a client key already started (``repeat``: that run's turn)."""
+
+    lease: RunLease | None = None
+    busy: RunStatus | None = None
+    repeat: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``RunStore.decide`` did: ``answer`` is the one that stands (the first); ``lease`` is set only for the
+    call that recorded it (it resumes the run); ``expired``: the wait had run out, ``answer`` is the expired one."""
+
+    answer: Any
+    expired: bool
+    lease: RunLease | None
+
+
 def _seconds(ms: str | None) -> float:
     return int(ms or 0) / 1000.0
 
@@ -343,6 +449,90 @@ class RunStore:
             )
             return self._track(RunLease(self, thread_id, owner, 1, held=created == 2)) if created else None
 
+    async def begin(
+        self,
+        thread_id: str,
+        graph: str,
+        input: Mapping[str, Any],
+        owner: str,
+        *,
+        turn: str,
+        client_key: str | None = None,
+    ) -> Begun:
+        """Start the thread's next run (a chat's next turn) and take its lease, unless one is not final yet.
+
+        ``turn`` names the run; ``client_key`` (a request's ``Idempotency-Key``) binds to it, and a repeat of the
+        key returns the turn it started (whatever became of it) instead of starting another.
+        """
+        payload = json.dumps(dict(input), separators=(",", ":"))
+        with self.in_use.expecting(owner, thread_id), redis_errors(f"beginning a run of {thread_id!r}"):
+            code, detail = await _BEGIN(
+                self._redis,
+                keys=[self.run_key(thread_id), self.index_key, self.instances_key],
+                args=[
+                    thread_id,
+                    graph,
+                    payload,
+                    owner,
+                    self._ttl_ms,
+                    self._presence_arg,
+                    self._runs_of_prefix,
+                    client_key or "",
+                    turn,
+                ],
+                durable=True,  # accepted before the 202: a failover must not forget it
+            )
+            if int(code) == -1:
+                return Begun(repeat=text(detail))
+            if int(code) == 0:
+                return Begun(busy=RunStatus(text(detail)))
+            return Begun(lease=self._track(RunLease(self, thread_id, owner, int(code), held=int(detail) == 1)))
+
+    async def decide(self, thread_id: str, waiting_id: str, answer: Any, expired: Any, owner: str) -> Decision | None:
+        """Answer a ``parked`` run's wait: the first answer is recorded and takes the run up (``Decision.lease``);
+        a later one gets the first back without a lease. After ``waiting_until`` the recorded answer is ``expired``
+        instead. ``None``: the run waits for no such thing (and never did)."""
+        with self.in_use.expecting(owner, thread_id), redis_errors(f"deciding {waiting_id!r} of run {thread_id!r}"):
+            fence, held, stored, was_expired = await _DECIDE(
+                self._redis,
+                keys=[self.run_key(thread_id), self.index_key, self.instances_key],
+                args=[
+                    thread_id,
+                    waiting_id,
+                    json.dumps(answer, separators=(",", ":")),
+                    json.dumps(expired, separators=(",", ":")),
+                    owner,
+                    self._ttl_ms,
+                    self._presence_arg,
+                    self._runs_of_prefix,
+                ],
+                durable=True,  # the decision is durable before the 202
+            )
+            if int(fence) < 0:
+                return None
+            lease = None
+            if int(fence) > 0:
+                lease = self._track(RunLease(self, thread_id, owner, int(fence), held=int(held) == 1))
+            return Decision(answer=json.loads(text(stored)), expired=int(was_expired) == 1, lease=lease)
+
+    async def _park_lease(self, lease: RunLease, waiting: Mapping[str, Any], waiting_id: str, until: float) -> bool:
+        with redis_errors(f"parking run {lease.thread_id!r}"):
+            parked = await _PARK(
+                self._redis,
+                keys=[self.run_key(lease.thread_id), self.index_key],
+                args=[
+                    lease.thread_id,
+                    lease.owner,
+                    str(lease.fence),
+                    self._runs_of_prefix,
+                    json.dumps(dict(waiting), separators=(",", ":"), default=str),
+                    waiting_id,
+                    str(round(until * 1000)),
+                ],
+                durable=True,
+            )
+        return bool(parked == 1)
+
     async def get(self, thread_id: str) -> RunRecord | None:
         with redis_errors(f"reading run {thread_id!r}"):
             reply = await self._redis.hgetall(self.run_key(thread_id))
@@ -365,6 +555,10 @@ class RunStore:
             lease_expires_at=None if status.is_final or held else _seconds(raw.get("lease_until")),
             held=held,
             hold_ended=raw.get("hold_ended") or None,
+            turn=raw.get("turn") or None,
+            waiting=json.loads(raw["waiting"]) if raw.get("waiting") else None,
+            waiting_until=_seconds(raw["waiting_until"]) if raw.get("waiting_until") else None,
+            resume=json.loads(raw["resume"]) if raw.get("resume") else None,
         )
 
     async def acquire(self, thread_id: str, owner: str) -> RunLease | None:
@@ -566,6 +760,18 @@ class RunLease:
             raise
         self._mark_lost("released")
         return released
+
+    async def park(self, waiting: Mapping[str, Any], *, waiting_id: str, until: float) -> None:
+        """Stop here waiting for a person (``RunStatus.PARKED``): the lease ends, no scan recovers the run, and
+        ``RunStore.decide`` takes it up again. ``LeaseLostError`` if the run is not ours any more."""
+        try:
+            parked = await self.store._park_lease(self, waiting, waiting_id, until)
+        except BaseException:
+            self.abandon()
+            raise
+        self._mark_lost("parked")
+        if not parked:
+            raise LeaseLostError(self.thread_id, self.fence, "taken over before it could park")
 
     async def set_status(self, status: RunStatus | str, *, error: str | None = None) -> None:
         """Fenced ``RunStore.set_status``."""

@@ -7,6 +7,11 @@
   that lost it (paused process, partition) stops instead of running alongside the new owner;
 - a detached budget: the run was accepted, so it gets its own time, not the budget of the request that created it;
   and ``wait_for_slots``: a full bulkhead on its way is waited out within that budget, never a failure;
+- ``wait_out_outages``: a step that meets an open breaker (ours or a peer's) raises ``OutageWaitError`` and the run
+  pauses until the breaker may let a probe through (with jitter), holding nothing but its lease (no slot, no
+  connection, no call in progress), then runs the step again from the last checkpoint (deduplicated as every re-run
+  is). A pause that does not fit the budget is not taken: the step runs once more without waiting and takes the
+  outage as its answer (the booking fails, compensated). One WARNING line per pause, no traceback;
 - ``durability="sync"``: each step's checkpoint is on disk before the next step starts;
 - ``journal_scope``: the steps, calls and handoff of the run go in its booking's journal (thread id = booking id);
 - the ``stop`` event cancels the step in progress: a graceful shutdown hands the run back at once (lease released,
@@ -14,7 +19,13 @@
   owner from the last checkpoint; its side effects are deduplicated there (idempotent nodes, provider keys), and an
   idempotent node frees its claim when cancelled, so the resume does not wait for it.
 
-``input=None`` resumes from the last checkpoint (``ainvoke(None)`` semantics); a dict starts the graph.
+``input=None`` resumes from the last checkpoint (``ainvoke(None)`` semantics); a dict starts the graph; a
+``Command(resume=...)`` answers the ``interrupt()`` the run stopped at.
+
+A run that reaches an ``interrupt()`` (the concierge's approval) is *parked* (``RunLease.park``): not done, not
+failed, not recoverable; its record keeps what it waits for until ``RunStore.decide`` records the answer and takes it
+up again. Whoever then resumes it from the last checkpoint (that caller, or the recovery worker after a crash) finds
+the answer on the record and resumes with ``Command(resume=answer)`` while the checkpoint still waits.
 """
 
 from __future__ import annotations
@@ -29,15 +40,17 @@ from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command, Interrupt
 
 from domain.booking import ErrorCode, JournalKind
 from graph.idempotency import fence_scope
-from infra.error_table import answer_for
+from infra.error_table import answer_for, is_outage
 from infra.journal import flush as journal_flush
 from infra.journal import journal_scope, note
 from resilience.budget import detached_budget, remaining_budget
 from resilience.bulkhead import wait_for_slots
-from resilience.errors import BudgetExhaustedError
+from resilience.errors import BudgetExhaustedError, OutageWaitError
+from resilience.outages import outage_pause, pause_fits, wait_out_outages
 from runs.errors import LeaseLostError
 from runs.leases import RunLease, RunStatus
 
@@ -63,6 +76,8 @@ class RunOutcome(StrEnum):
     """Another owner holds the run now; we stopped before our next side effect."""
     FAILED = "failed"
     """The attempt raised; the lease is released so the run can be retried."""
+    PARKED = "parked"
+    """Stopped at an ``interrupt()``, waiting for a person; ``values`` holds the interrupt's payload."""
 
 
 @dataclass(frozen=True)
@@ -76,47 +91,97 @@ def run_config(thread_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id}}
 
 
+RunInput = dict[str, Any] | Command[Any] | None
+
+
 async def execute_run(
     graph: CompiledStateGraph[Any, Any, Any, Any],
     lease: RunLease,
-    input: dict[str, Any] | None,
+    input: RunInput,
     *,
     budget_s: float,
     stop: asyncio.Event | None = None,
     hand_off: HandOff | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    promised_until: float | None = None,
 ) -> RunResult:
     """Run (or resume) ``lease.thread_id`` to the end, to a handoff, or to a failure. Never raises but CancelledError.
 
     A step that fails because Redis or Postgres is unreachable (``dependency_unavailable`` in the error table, ours
-    or a peer's) does not fail the run: it pauses until the stores answer and the lease is still ours, then resumes from the last
-    checkpoint. The pause counts against the run's budget; a lease taken over meanwhile ends it as ``LOST``.
+    or a peer's) does not fail the run: it pauses until the stores answer and the lease is still ours, then resumes
+    from the last checkpoint. The pause counts against the run's budget; a lease taken over meanwhile ends it as
+    ``LOST``. A step meeting an open breaker pauses only while the pause fits the budget and ends before
+    ``promised_until`` (seconds since the epoch: the accepted booking's own deadline, which a resumed attempt keeps).
     """
     with journal_scope(lease.thread_id, fence=lease.fence):
-        return await _execute(graph, lease, input, budget_s=budget_s, stop=stop, hand_off=hand_off, sleep=sleep)
+        return await _execute(
+            graph,
+            lease,
+            input,
+            budget_s=budget_s,
+            stop=stop,
+            hand_off=hand_off,
+            sleep=sleep,
+            promised_until=promised_until,
+        )
 
 
 async def _execute(
     graph: CompiledStateGraph[Any, Any, Any, Any],
     lease: RunLease,
-    input: dict[str, Any] | None,
+    input: RunInput,
     *,
     budget_s: float,
     stop: asyncio.Event | None,
     hand_off: HandOff | None,
     sleep: Callable[[float], Awaitable[None]],
+    promised_until: float | None,
 ) -> RunResult:
     config = run_config(lease.thread_id)
     run_input = input
     pauses = 0
+    outage_pauses = 0
+    patient = True  # False once an outage outlasted the budget: the step takes it as its answer
     try:
         # an accepted run is a promise: a full bulkhead on its way delays it within its budget, never fails it
         with detached_budget(budget_s), wait_for_slots():
             while True:
                 try:
-                    return await _stream_to_the_end(graph, lease, run_input, config, stop, hand_off)
+                    if run_input is None:
+                        run_input = await _resume_input(graph, lease, config)
+                    with wait_out_outages(patient, until=promised_until):
+                        return await _stream_to_the_end(graph, lease, run_input, config, stop, hand_off)
                 except LeaseLostError:
                     raise
+                except OutageWaitError as exc:
+                    run_input = None  # from the last checkpoint: the step runs again, its effects deduplicated
+                    if stop is not None and stop.is_set():
+                        await _hand_off_quietly(lease, hand_off)
+                        return RunResult(RunOutcome.HANDED_OFF)
+                    wait = outage_pause(exc.retry_after, outage_pauses)
+                    if not pause_fits(wait):
+                        logger.warning(
+                            "run %s: %s still unavailable and no pause of %.1fs fits its budget or its promise; "
+                            "the step takes it as its answer",
+                            lease.thread_id,
+                            exc.dependency,
+                            wait,
+                        )
+                        patient = False
+                        continue
+                    outage_pauses += 1
+                    logger.warning(
+                        "run %s paused: %s unavailable (%s); again in %.1fs (pause %d)",
+                        lease.thread_id,
+                        exc.dependency,
+                        exc.reason,
+                        wait,
+                        outage_pauses,
+                    )
+                    note(JournalKind.PAUSED, dependency=exc.dependency, wait_s=round(wait, 2), attempt=outage_pauses)
+                    if not await _pause(lease, stop, sleep, wait):
+                        await _hand_off_quietly(lease, hand_off)  # shutting down meanwhile
+                        return RunResult(RunOutcome.HANDED_OFF)
                 except Exception as exc:
                     if answer_for(exc).code != ErrorCode.DEPENDENCY_UNAVAILABLE or (stop is not None and stop.is_set()):
                         raise
@@ -137,15 +202,31 @@ async def _execute(
         await asyncio.shield(_hand_off_quietly(lease, hand_off))
         raise
     except Exception as exc:
-        logger.exception("run %s: attempt failed", lease.thread_id)
+        if is_outage(exc):  # something it needs is down (a compensation's provider): whoever retries it says so
+            logger.warning("run %s: attempt failed on an outage: %s: %s", lease.thread_id, type(exc).__name__, exc)
+        else:
+            logger.exception("run %s: attempt failed", lease.thread_id)
         await _release_quietly(lease, error=exc)
         return RunResult(RunOutcome.FAILED, error=exc)
+
+
+async def _resume_input(
+    graph: CompiledStateGraph[Any, Any, Any, Any], lease: RunLease, config: RunnableConfig
+) -> RunInput:
+    """``None`` (from the last checkpoint), or the recorded answer when the checkpoint still waits for it."""
+    record = await lease.store.get(lease.thread_id)
+    if record is None or record.resume is None:
+        return None
+    snapshot = await graph.aget_state(config)
+    if any(task.interrupts for task in snapshot.tasks):
+        return Command(resume=record.resume)
+    return None
 
 
 async def _stream_to_the_end(
     graph: CompiledStateGraph[Any, Any, Any, Any],
     lease: RunLease,
-    run_input: dict[str, Any] | None,
+    run_input: RunInput,
     config: RunnableConfig,
     stop: asyncio.Event | None,
     hand_off: HandOff | None,
@@ -153,9 +234,17 @@ async def _stream_to_the_end(
     async with lease.keep_alive():
         # No status write here: creating or acquiring a lease already marks the run ``running``.
         with fence_scope(lease.ensure_owned, lease.fence):
-            values = await _unless_stopped(_stream(graph, lease, run_input, config, stop), stop)
-        if values is None:
+            streamed = await _unless_stopped(_stream(graph, lease, run_input, config, stop), stop)
+        if streamed is None:
             return await _hand_off(lease, hand_off)
+        values, waiting = streamed
+        if waiting is not None:
+            waiting = cast("Interrupt[Any]", waiting)
+            payload = waiting.value if isinstance(waiting.value, dict) else {"value": waiting.value}
+            await lease.park(
+                payload, waiting_id=str(payload.get("waiting_id") or waiting.id), until=float(payload["until"])
+            )
+            return RunResult(RunOutcome.PARKED, payload)
         await lease.finish(RunStatus.DONE)
         return RunResult(RunOutcome.DONE, values)
 
@@ -163,11 +252,12 @@ async def _stream_to_the_end(
 async def _stream(
     graph: CompiledStateGraph[Any, Any, Any, Any],
     lease: RunLease,
-    run_input: dict[str, Any] | None,
+    run_input: RunInput,
     config: RunnableConfig,
     stop: asyncio.Event | None,
-) -> dict[str, Any] | None:
-    """The run's final values, or ``None`` when ``stop`` was seen at a step boundary."""
+) -> Streamed | None:
+    """The run's final values and the interrupt it stopped at (if it did), or ``None`` when ``stop`` was seen at a
+    step boundary."""
     # "values" gives the final state without reading the checkpoint back (a query per run);
     # "updates" shows an interrupt, the only way a run stops short of END without raising
     stream = graph.astream(run_input, config, stream_mode=["updates", "values"], durability="sync")
@@ -178,16 +268,20 @@ async def _stream(
             if mode == "values":
                 values = dict(chunk)
             elif INTERRUPT_KEY in chunk:
-                # our graphs have none; a run that stopped there must not be reported done
-                raise RuntimeError(f"run {lease.thread_id} stopped before END: {chunk[INTERRUPT_KEY]!r}")
+                interrupts = chunk[INTERRUPT_KEY]
+                if not interrupts or not isinstance(interrupts[0].value, dict) or "until" not in interrupts[0].value:
+                    # a run waits only for what says when the wait ends: anything else must not pass for done
+                    raise RuntimeError(f"run {lease.thread_id} stopped before END: {interrupts!r}")
+                return values, cast("Interrupt[Any]", interrupts[0])
             if stop is not None and stop.is_set():
                 return None
-    return values
+    return values, None
 
 
-async def _unless_stopped(
-    work: Coroutine[Any, Any, dict[str, Any] | None], stop: asyncio.Event | None
-) -> dict[str, Any] | None:
+Streamed = tuple[dict[str, Any], "Interrupt[Any] | None"]
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, Streamed | None], stop: asyncio.Event | None) -> Streamed | None:
     """``await work``, but cancel it as soon as ``stop`` is set (``None`` then, unless it finished meanwhile)."""
     if stop is None:
         return await work
@@ -205,6 +299,25 @@ async def _unless_stopped(
     finally:
         for pending in (task, waiter):
             pending.cancel()
+
+
+async def _pause(
+    lease: RunLease, stop: asyncio.Event | None, sleep: Callable[[float], Awaitable[None]], wait: float
+) -> bool:
+    """Sleep ``wait`` seconds keeping the lease alive (and nothing else); False when a shutdown began meanwhile."""
+    async with lease.keep_alive():
+        if stop is None:
+            await sleep(wait)
+            return True
+        sleeper = asyncio.ensure_future(sleep(wait))
+        waiter = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (sleeper, waiter):
+                pending.cancel()
+            await asyncio.wait({sleeper, waiter})
+        return not stop.is_set()
 
 
 async def _wait_for_the_stores(

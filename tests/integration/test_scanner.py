@@ -6,9 +6,12 @@ import asyncio
 import contextlib
 import logging
 
+import pytest
+
 from infra.redis import create_redis
 from recovery import DeadLetterQueue, EnqueueOutcome, OrphanScanner, QueueConfig, QueueGuard, RecoveryQueue
 from runs import RunLease, RunStatus, RunStore
+from tests.conftest import start_redis_server
 
 TTL = 0.2
 
@@ -224,3 +227,41 @@ async def test_run_keeps_scanning_through_errors(redis, caplog):
     assert await queued(redis, scanner) == ["b-1"]
     assert all(0 <= s <= 0.5 for s in sleeps)
     assert task.cancelled()
+
+
+async def test_a_redis_outage_is_one_warning_when_it_starts_and_one_when_it_ends_never_an_error(
+    caplog: pytest.LogCaptureFixture, settings_env: pytest.MonkeyPatch
+) -> None:
+    # a private redis-server, killed under the scanner and started again on the same port
+    proc, url = start_redis_server()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    client = create_redis(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    scanner = scanner_for(client, interval=0.05)
+    task = asyncio.create_task(scanner.run())
+    restarted = None
+    try:
+        with caplog.at_level(logging.INFO, logger="recovery.scanner"):
+            await asyncio.sleep(0.3)
+            proc.kill()
+            proc.wait()
+            await asyncio.sleep(1.5)  # some thirty scans meet the outage
+            restarted, _ = start_redis_server(port)
+            deadline = asyncio.get_running_loop().time() + 10
+            while not any("resumed" in r.getMessage() for r in caplog.records):
+                assert asyncio.get_running_loop().time() < deadline, "the scans never said they resumed"
+                await asyncio.sleep(0.05)
+    finally:
+        scanner.stopping.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.aclose()
+        for server in (proc, restarted):
+            if server is not None:
+                server.kill()
+                server.wait()
+    records = [r for r in caplog.records if r.name == "recovery.scanner"]
+    assert not [r for r in records if r.levelno >= logging.ERROR]
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("orphan scans paused") and warnings[1].startswith("orphan scans resumed")

@@ -1,0 +1,325 @@
+"""What a ``concierge chaos`` run proves: its bookings and faults turned into the verdict, the broken promises and the
+target misses (``docs/chaos.md``). Pure functions of what the run recorded, so they are unit-tested without a stack.
+
+A booking is charged to every fault whose window (start to end, plus ``AFTERMATH_S`` for the restart or failover a
+fault sets off) overlaps its life from acceptance to its final state; one that met no fault is charged to ``none``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = [
+    "AFTERMATH_S",
+    "CONFIRMED_TARGET",
+    "P99_SLACK_S",
+    "BookingOutcome",
+    "FaultRecord",
+    "Verdict",
+    "broken_promises",
+    "iso_epoch",
+    "percentile",
+    "refusal_to_failed",
+    "render_verdict",
+    "summarize",
+    "target_misses",
+]
+
+AFTERMATH_S = 5.0
+"""After a fault ends, this long it still counts: a killed service's restart, Redis replaying its file."""
+P99_SLACK_S = 15.0
+"""Target: time to final, p99, at most the booking budget plus this."""
+CONFIRMED_TARGET = 0.90
+"""Target: this share of the bookings nobody cancelled end confirmed, under every fault kind."""
+REFUSAL_TO_FAILED_TARGET_S = 1.0
+"""Target: a booking whose charge was refused (by a breaker, before any request) is ``failed`` this soon after."""
+
+
+@dataclass
+class BookingOutcome:
+    """One booking the load accepted, as the run saw it end (``status`` None: not final when the run gave up)."""
+
+    booking_id: str
+    accepted_at: float
+    """Wall clock, the booking record's ``created_at`` when known."""
+    cancel_sent: bool = False
+    status: str | None = None
+    error_code: str | None = None
+    final_at: float | None = None
+    """Wall clock, the record's ``updated_at`` at its final status."""
+    refusal_to_failed_s: float | None = None
+    """For a failed booking that a refused charge ended (``refusal_to_failed``): the refusal to the ``failed`` entry."""
+    pauses: int = 0
+    """``paused`` entries in its journal: how often its run waited out an outage."""
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    kind: str
+    target: str
+    started_at: float
+    ended_at: float
+    detail: str = ""
+
+    def overlaps(self, start: float, end: float) -> bool:
+        return self.started_at <= end and start <= self.ended_at + AFTERMATH_S
+
+
+@dataclass
+class Verdict:
+    seed: int
+    duration_s: float
+    clients: int
+    budget_s: float
+    faults: dict[str, int]
+    accepted: int
+    confirmed: int
+    failed: dict[str, int]
+    cancelled: int
+    unfinished: int
+    unfinished_ids: list[str]
+    refused: dict[str, int]
+    """Bookings the door refused for good (a new one is tried), by status and code."""
+    retried: dict[str, int]
+    """Door answers "not now" (429, 503...) sent again with the same key, by status and code."""
+    time_to_final_s: dict[str, float | None]
+    confirmed_by_fault: dict[str, dict[str, float | int | None]]
+    refusal_to_failed_s: dict[str, float | int | None]
+    paused: dict[str, int]
+    disagreements: list[str]
+    stuck_in_redis: int
+    dlq: int
+    http_5xx: dict[str, int]
+    error_lines: int
+    error_lines_per_min: float | None
+    error_lines_by_log: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    load: dict[str, float] = field(default_factory=dict)
+    """The machine's 1-minute load average at the start and the end, and its cores: the figures' context."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.__dict__,
+            "broken_promises": broken_promises(self),
+            "target_misses": target_misses(self),
+        }
+
+
+_WENT_ON = frozenset({"paused", "resumed", "owner_lost", "queued_for_recovery", "handed_off"})
+"""Journal kinds after a refusal that show the run went on (waited it out, lost its owner, was resumed): then the
+refusal did not end it. Calls after it do not count: compensation calls are the failure path."""
+
+
+_CHARGE_BREAKERS = frozenset({"payment_agent", "payment_api"})
+"""The breakers in front of a charge: refused by one of them, the charge never left (the issue's measure)."""
+
+
+def refusal_to_failed(entries: Iterable[Mapping[str, Any]]) -> float | None:
+    """Seconds from the refused charge that ended a booking (its last ``circuit_rejected`` by a charge's breaker, with
+    no pause or recovery after it) to its ``failed`` entry; None when no refused charge ended it. Entries oldest
+    first, each with ``kind``, ``at`` and, for a refusal, the ``dependency`` whose breaker refused."""
+    refused_at: float | None = None
+    for entry in entries:
+        kind = entry.get("kind")
+        if kind == "circuit_rejected":
+            charge = entry.get("dependency") in _CHARGE_BREAKERS
+            refused_at = iso_epoch(entry.get("at")) if charge else None
+        elif kind in _WENT_ON:
+            refused_at = None
+        elif kind == "failed":
+            failed_at = iso_epoch(entry.get("at"))
+            return None if refused_at is None or failed_at is None else round(max(0.0, failed_at - refused_at), 3)
+    return None
+
+
+def iso_epoch(value: Any) -> float | None:
+    """An ISO 8601 time (``...Z``) as epoch seconds; None for anything else."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0–100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def summarize(
+    *,
+    seed: int,
+    duration_s: float,
+    clients: int,
+    budget_s: float,
+    bookings: Iterable[BookingOutcome],
+    faults: Sequence[FaultRecord],
+    refused: Mapping[str, int],
+    disagreements: Sequence[str],
+    stuck_in_redis: int,
+    dlq: int,
+    http_5xx: Mapping[str, int],
+    error_lines_by_log: Mapping[str, int],
+    minutes: float | None,
+    notes: Sequence[str] = (),
+    retried: Mapping[str, int] | None = None,
+    load: Mapping[str, float] | None = None,
+) -> Verdict:
+    outcomes = list(bookings)
+    statuses = Counter(b.status for b in outcomes)
+    failed = Counter(b.error_code or "unknown" for b in outcomes if b.status == "failed")
+    unfinished = [b.booking_id for b in outcomes if b.status is None]
+    times = [b.final_at - b.accepted_at for b in outcomes if b.final_at is not None]
+    by_kind: dict[str, list[bool]] = {}
+    for booking in outcomes:
+        if booking.cancel_sent or booking.status is None:
+            continue
+        end = booking.final_at if booking.final_at is not None else booking.accepted_at
+        kinds = {f.kind for f in faults if f.overlaps(booking.accepted_at, end)} or {"none"}
+        for kind in kinds:
+            by_kind.setdefault(kind, []).append(booking.status == "confirmed")
+    refusals = [b.refusal_to_failed_s for b in outcomes if b.refusal_to_failed_s is not None]
+    error_lines = sum(error_lines_by_log.values())
+    paused = [b for b in outcomes if b.pauses]
+    return Verdict(
+        seed=seed,
+        duration_s=duration_s,
+        clients=clients,
+        budget_s=budget_s,
+        faults=dict(Counter(f.kind for f in faults)),
+        accepted=len(outcomes),
+        confirmed=statuses["confirmed"],
+        failed=dict(failed.most_common()),
+        cancelled=statuses["cancelled"],
+        unfinished=len(unfinished),
+        unfinished_ids=unfinished[:20],
+        refused=dict(refused),
+        retried=dict(retried or {}),
+        time_to_final_s={
+            "p50": _round(percentile(times, 50)),
+            "p99": _round(percentile(times, 99)),
+            "max": _round(max(times) if times else None),
+        },
+        confirmed_by_fault={
+            kind: {"bookings": len(done), "confirmed": sum(done), "share": round(sum(done) / len(done), 4)}
+            for kind, done in sorted(by_kind.items())
+        },
+        refusal_to_failed_s={
+            "bookings": len(refusals),
+            "p50": _round(percentile(refusals, 50)),
+            "max": _round(max(refusals) if refusals else None),
+        },
+        paused={
+            "bookings": len(paused),
+            "pauses": sum(b.pauses for b in paused),
+            "confirmed": sum(b.status == "confirmed" for b in paused),
+        },
+        disagreements=list(disagreements),
+        stuck_in_redis=stuck_in_redis,
+        dlq=dlq,
+        http_5xx=dict(http_5xx),
+        error_lines=error_lines,
+        error_lines_per_min=round(error_lines / minutes, 2) if minutes else None,
+        error_lines_by_log={name: n for name, n in sorted(error_lines_by_log.items()) if n},
+        notes=list(notes),
+        load=dict(load or {}),
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def broken_promises(verdict: Verdict) -> list[str]:
+    """The safety promise: every accepted booking final after the heal, the ledgers agree, no 5xx but 503."""
+    broken: list[str] = []
+    if verdict.unfinished:
+        broken.append(f"{verdict.unfinished} accepted booking(s) not final after the heal")
+    if verdict.stuck_in_redis:
+        broken.append(f"{verdict.stuck_in_redis} booking(s) still in flight in Redis after the heal")
+    if verdict.disagreements:
+        broken.append(f"verify: {len(verdict.disagreements)} disagreement(s) with the ledgers")
+    if verdict.http_5xx:
+        broken.append(f"{sum(verdict.http_5xx.values())} answer(s) 5xx other than 503")
+    return broken
+
+
+def target_misses(verdict: Verdict) -> list[str]:
+    """Issue 24's liveness targets this run missed (``--strict`` turns them into exit 1)."""
+    misses: list[str] = []
+    p99 = verdict.time_to_final_s.get("p99")
+    if p99 is not None and p99 > verdict.budget_s + P99_SLACK_S:
+        misses.append(f"time to final p99 {p99:.1f}s > budget {verdict.budget_s:g}s + {P99_SLACK_S:g}s")
+    for kind, row in verdict.confirmed_by_fault.items():
+        share = row["share"]
+        if isinstance(share, float) and share < CONFIRMED_TARGET:
+            misses.append(f"{kind}: {share:.0%} of uncancelled bookings confirmed < {CONFIRMED_TARGET:.0%}")
+    worst = verdict.refusal_to_failed_s.get("max")
+    if isinstance(worst, float) and worst > REFUSAL_TO_FAILED_TARGET_S:
+        misses.append(f"refusal → failed took up to {worst:.1f}s > {REFUSAL_TO_FAILED_TARGET_S:g}s")
+    if verdict.error_lines:
+        misses.append(f"{verdict.error_lines} ERROR line(s) in the logs")
+    return misses
+
+
+def _seconds(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def render_verdict(verdict: Verdict) -> str:
+    failed = ", ".join(f"{code} {n}" for code, n in verdict.failed.items())
+    times = verdict.time_to_final_s
+    by_kind = " · ".join(
+        f"{kind} {row['share']:.0%} ({row['confirmed']}/{row['bookings']})"
+        for kind, row in verdict.confirmed_by_fault.items()
+    )
+    refusals = verdict.refusal_to_failed_s
+    faults = ", ".join(f"{kind} {n}" for kind, n in sorted(verdict.faults.items())) or "none"
+    per_min = "-" if verdict.error_lines_per_min is None else f"{verdict.error_lines_per_min:g}/min"
+    logs = ", ".join(f"{name} {n}" for name, n in verdict.error_lines_by_log.items())
+    lines = [
+        f"verdict (seed {verdict.seed}, {verdict.duration_s:g}s, {verdict.clients} clients, faults: {faults})",
+        f"  accepted {verdict.accepted} · confirmed {verdict.confirmed} · "
+        f"failed {sum(verdict.failed.values())}{f' ({failed})' if failed else ''} · cancelled {verdict.cancelled} · "
+        f"unfinished {verdict.unfinished}",
+        f"  time to final: p50 {_seconds(times['p50'])} · p99 {_seconds(times['p99'])} · max {_seconds(times['max'])}"
+        f"  (budget {verdict.budget_s:g}s; target p99 ≤ {verdict.budget_s + P99_SLACK_S:g}s)",
+        f"  confirmed of the uncancelled, by fault kind met: {by_kind or '-'}",
+        f"  ended by a refused charge → failed: {refusals['bookings']} booking(s), p50 {_seconds(refusals['p50'])}, "
+        f"max {_seconds(refusals['max'])}",
+        f"  waited out an outage: {verdict.paused['bookings']} booking(s), {verdict.paused['pauses']} pause(s), "
+        f"{verdict.paused['confirmed']} of them confirmed",
+        f"  verify: {len(verdict.disagreements)} disagreement(s) · in flight in Redis: {verdict.stuck_in_redis} · "
+        f"DLQ: {verdict.dlq} · 5xx but 503: {sum(verdict.http_5xx.values())}",
+        f"  ERROR lines in the logs: {verdict.error_lines} ({per_min}){f': {logs}' if logs else ''}",
+    ]
+    if verdict.retried:
+        lines.append(
+            f"  door said not now (sent again): {', '.join(f'{why} {n}' for why, n in verdict.retried.items())}"
+        )
+    if verdict.refused:
+        lines.append(f"  not accepted: {', '.join(f'{why} {n}' for why, n in verdict.refused.items())}")
+    lines += [f"  disagreement: {item}" for item in verdict.disagreements[:10]]
+    lines += [f"  5xx: {route} {n}" for route, n in verdict.http_5xx.items()]
+    lines += [f"  unfinished: {booking_id}" for booking_id in verdict.unfinished_ids[:10]]
+    lines += [f"  note: {note}" for note in verdict.notes]
+    if verdict.load:
+        lines.append(
+            f"  machine load (1 min): {verdict.load.get('start', 0):.1f} at the start, {verdict.load.get('end', 0):.1f}"
+            f" at the end, {verdict.load.get('cores', 0):g} cores"
+        )
+    broken = broken_promises(verdict)
+    lines.append(f"promise: {'BROKEN: ' + '; '.join(broken) if broken else 'kept'}")
+    misses = target_misses(verdict)
+    lines.append(f"targets: {'missed: ' + '; '.join(misses) if misses else 'all met'}")
+    return "\n".join(lines)
