@@ -1,0 +1,600 @@
+"""concierge-agent: a conversation that books hotels, every side effect once (port 8003, docs/concierge.md).
+
+``POST /chats`` opens a chat; ``POST /chats/{id}/messages`` makes a turn durable (a run of graph ``concierge``,
+thread id = chat id, in the run store) and answers **202**; the turn runs in a background task (the tool-calling
+graph of ``graph.concierge``), any replica serving any chat. ``book_hotel`` parks the turn at its approval (not failed,
+not an orphan: ``runs.leases.RunStatus.PARKED``); ``POST /chats/{id}/approvals/{approval_id}`` records the decision
+and takes the run up in one Redis script (the first decision wins: two racing approvals book once) before its 202,
+then resumes it with ``Command(resume=...)``. ``GET /chats/{id}`` (``?wait=`` long-polls) shows the chat, ``GET
+/chats`` lists them newest first, ``GET /chats/{id}/events`` serves the chat's journal as JSON or live SSE with
+``Last-Event-ID`` resume. The A2A skill ``concierge`` takes a plain text message and streams the answer.
+
+With presence on (``PRESENCE_ENABLED``) a kill -9 of this process loses its named Redis connection and the recovery
+worker resumes its turns at once from their checkpoints; on SIGTERM the turns in hand are handed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Final
+
+from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
+from langgraph.types import Command
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from domain.chat import (
+    ApprovalExpiredError,
+    ApprovalPendingError,
+    ChatEventKind,
+    ChatStatus,
+    TurnInProgressError,
+    TurnOutcome,
+    check_text,
+)
+from graph.concierge import CONCIERGE_GRAPH, ConciergeDeps, build_concierge_graph, open_concierge_deps, turn_input
+from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
+from infra.a2a.wire import A2A_PATH
+from infra.chats import FeedHub
+from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.journal import name_instance
+from infra.service import create_service_app
+from infra.service.openapi import answers, detail, document_service_token, error, validation_error
+from infra.settings import get_settings
+from infra.signals import on_terminate
+from infra.tasks import drain_tasks
+from recovery.queue import DeadLetterQueue, QueueGuard
+from resilience import remaining_budget
+from runs.leases import RunLease, RunRecord, RunStatus, RunStore, instance_name
+from runs.presence import Presence
+from runs.runner import RunInput, execute_run
+
+logger = logging.getLogger(__name__)
+
+SERVICE: Final = "concierge-agent"
+MAX_WAIT_S: Final = 60.0
+DRAIN_S: Final = 10.0
+WAIT_POLL_S: Final = 0.05
+"""How often a long-poll looks at the turn (any replica, or the recovery worker, may be running it)."""
+PARK_WAIT_S: Final = 10.0
+"""The longest an approval waits for its run to park (the approval is announced just before)."""
+PING_S: Final = 15.0
+SEND_TIMEOUT_S: Final = 30.0
+STREAM_ID_PATTERN: Final = r"^\d{1,19}(-\d{1,19})?$"
+PAYMENT_TOKEN_PATTERN: Final = r"^tok_[A-Za-z0-9_]+$"
+CHAT_ID_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
+EXPIRED: Final = {"approve": False, "expired": True}
+"""The answer an approval gets once ``APPROVAL_TTL_S`` has passed: the model is told, nothing is booked."""
+
+
+# ------------------------------------------------------------------------------------------------- bodies
+
+
+class MessageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(description="What the person says (at most 8 KB of UTF-8).")
+    payment_token: str | None = Field(
+        None, min_length=5, max_length=128, pattern=PAYMENT_TOKEN_PATTERN, description="Kept apart, never shown."
+    )
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return check_text(value)
+
+
+class ApprovalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    approve: StrictBool
+    payment_token: str | None = Field(None, min_length=5, max_length=128, pattern=PAYMENT_TOKEN_PATTERN)
+
+
+class Created(BaseModel):
+    chat_id: str
+    status: ChatStatus
+
+
+class TurnAccepted(BaseModel):
+    chat_id: str
+    turn_id: str
+    status: ChatStatus
+
+
+class ApprovalAccepted(BaseModel):
+    chat_id: str
+    approval_id: str
+    approve: bool
+    status: ChatStatus
+
+
+# ------------------------------------------------------------------------------------------------- service
+
+
+def _status_of(record: RunRecord | None) -> ChatStatus:
+    if record is None or record.is_final:
+        return ChatStatus.IDLE
+    if record.status is RunStatus.PARKED:
+        return ChatStatus.AWAITING_APPROVAL
+    return ChatStatus.RUNNING
+
+
+class ConciergeService:
+    """The agent's state: stores, graph, and the turns it runs in this process."""
+
+    def __init__(self, deps: ConciergeDeps, graph: Any, runs: RunStore, guard: QueueGuard, instance: str) -> None:
+        self.deps = deps
+        self.graph = graph
+        self.runs = runs
+        self.guard = guard
+        self.instance = instance
+        self.hub = FeedHub(deps.feed)
+        """Live readers of the chats' journals (one Redis connection per followed chat)."""
+        self.stopping = asyncio.Event()
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    async def create_chat(self) -> str:
+        chat_id = uuid.uuid4().hex
+        await self.deps.chats.create(chat_id)
+        return chat_id
+
+    async def _known(self, chat_id: str) -> None:
+        if not await self.deps.chats.exists(chat_id):
+            raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
+
+    async def post_message(
+        self, chat_id: str, text: str, payment_token: str | None, client_key: str | None
+    ) -> tuple[str, ChatStatus]:
+        known, record = await asyncio.gather(self.deps.chats.exists(chat_id), self.runs.get(chat_id))  # one wait
+        if not known:
+            raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
+        if record is not None:
+            await self.expire_if_due(chat_id, record)
+        # the shared model rate limit: a turn that could not get a model call within its budget is refused at the
+        # door (429 overloaded, Retry-After) before anything is recorded
+        check_capacity = getattr(self.deps.model, "check_capacity", None)
+        if check_capacity is not None:
+            await check_capacity(get_settings().concierge_turn_budget_s)
+        turn_id = uuid.uuid4().hex
+        run_input = turn_input(chat_id, turn_id, text)
+        begun = await self.runs.begin(
+            chat_id, CONCIERGE_GRAPH, run_input, self.instance, turn=turn_id, client_key=_bound_key(client_key, text)
+        )
+        if begun.repeat is not None:
+            return begun.repeat, _status_of(await self.runs.get(chat_id))
+        if begun.busy is RunStatus.PARKED:
+            raise ApprovalPendingError(f"chat {chat_id} waits for the approval of a booking: decide it first")
+        if begun.lease is None:
+            raise TurnInProgressError(f"chat {chat_id} has a turn running: wait for it (GET /chats/{chat_id}?wait=)")
+        lease = begun.lease
+        try:
+            if payment_token is not None:
+                await self.deps.chats.put_token(chat_id, payment_token)
+            await self.deps.chats.append_message(chat_id, {"role": "user", "content": text, "turn_id": turn_id})
+        except BaseException:
+            lease.abandon()  # recorded: the presence audit (or its lease) hands it to recovery
+            raise
+        self.start(lease, run_input)
+        return turn_id, ChatStatus.RUNNING
+
+    async def decide(
+        self, chat_id: str, approval_id: str, approve: bool, payment_token: str | None
+    ) -> tuple[bool, ChatStatus]:
+        """Record the decision (the first one stands) and resume the turn; ``ApprovalExpiredError`` past its TTL."""
+        await self._known(chat_id)
+        record = await self.runs.get(chat_id)
+        if (
+            payment_token is not None
+            and record is not None
+            and record.status is RunStatus.PARKED
+            and record.waiting_until is not None
+            and time.time() <= record.waiting_until
+            and _waiting_id(record) == approval_id
+        ):
+            await self.deps.chats.put_token(chat_id, payment_token)  # the approval's token wins
+        decision = await self.runs.decide(chat_id, approval_id, {"approve": approve}, EXPIRED, self.instance)
+        if decision is None and await self._requested(chat_id, approval_id):
+            decision = await self._decide_once_parked(chat_id, approval_id, approve, payment_token)
+        if decision is None:
+            raise HTTPException(status_code=404, detail=f"no approval {approval_id} in chat {chat_id}")
+        if decision.lease is not None:
+            await self._note_decision(chat_id, approval_id, decision.answer)
+            self.start(decision.lease, Command(resume=decision.answer))
+        if decision.expired:
+            raise ApprovalExpiredError(f"approval {approval_id} expired (APPROVAL_TTL_S): nothing was booked")
+        return bool(decision.answer.get("approve")), _status_of(await self.runs.get(chat_id))
+
+    async def _requested(self, chat_id: str, approval_id: str) -> bool:
+        """Whether the chat's journal asked for this approval (it is announced a moment before its run parks)."""
+        return any(
+            entry.get("kind") == ChatEventKind.APPROVAL_REQUESTED
+            and (entry.get("approval") or {}).get("approval_id") == approval_id
+            for entry in await self.deps.feed.read(chat_id)
+        )
+
+    async def _decide_once_parked(
+        self, chat_id: str, approval_id: str, approve: bool, payment_token: str | None
+    ) -> Any:
+        """A person who answers the ``approval_requested`` event at once may beat the run to its park: wait for it,
+        within the request's budget, rather than answer 404 for an approval the chat just showed."""
+        deadline = time.monotonic() + min(remaining_budget(), PARK_WAIT_S)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(WAIT_POLL_S)
+            record = await self.runs.get(chat_id)
+            if record is None or record.status not in (RunStatus.RUNNING, RunStatus.PARKED):
+                return None
+            if record.status is RunStatus.PARKED and _waiting_id(record) == approval_id:
+                if payment_token is not None:
+                    await self.deps.chats.put_token(chat_id, payment_token)  # the approval's token wins
+                return await self.runs.decide(chat_id, approval_id, {"approve": approve}, EXPIRED, self.instance)
+        return None
+
+    async def _note_decision(self, chat_id: str, approval_id: str, answer: dict[str, Any]) -> None:
+        record = await self.runs.get(chat_id)
+        await self.deps.feed.emit(
+            chat_id,
+            ChatEventKind.APPROVAL_DECIDED,
+            once=f"decided:{approval_id}",
+            approval_id=approval_id,
+            approve=bool(answer.get("approve")),
+            expired=bool(answer.get("expired")),
+            turn_id=record.turn if record is not None else None,
+        )
+
+    async def expire_if_due(self, chat_id: str, record: RunRecord | None = None) -> RunRecord | None:
+        """An approval past its TTL is decided ``expired`` (the turn then ends, telling the model); the record."""
+        record = record or await self.runs.get(chat_id)
+        if (
+            record is not None
+            and record.status is RunStatus.PARKED
+            and record.waiting_until is not None
+            and time.time() > record.waiting_until
+        ):
+            decision = await self.runs.decide(chat_id, _waiting_id(record), EXPIRED, EXPIRED, self.instance)
+            if decision is not None and decision.lease is not None:
+                await self._note_decision(chat_id, _waiting_id(record), decision.answer)
+                self.start(decision.lease, Command(resume=decision.answer))
+            record = await self.runs.get(chat_id)
+        return record
+
+    def start(self, lease: RunLease, run_input: RunInput) -> None:
+        task = asyncio.create_task(self._run(lease, run_input), name=f"turn:{lease.thread_id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, lease: RunLease, run_input: RunInput) -> None:
+        await execute_run(
+            self.graph,
+            lease,
+            run_input,
+            budget_s=get_settings().concierge_turn_budget_s,
+            stop=self.stopping,
+            hand_off=self.guard.safe_enqueue,
+        )
+
+    async def view(self, chat_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        chat = await self.deps.chats.get(chat_id)
+        if chat is None:
+            raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
+        record = await self.expire_if_due(chat_id)
+        deadline = time.monotonic() + wait_s
+        while _status_of(record) is ChatStatus.RUNNING and time.monotonic() < deadline:
+            await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+            record = await self.expire_if_due(chat_id)
+        chat = await self.deps.chats.get(chat_id) or chat
+        return _chat_view(chat, record)
+
+    async def drain(self) -> None:
+        """SIGTERM: cancel each turn's current step and hand the turns to recovery, then return."""
+        self.stopping.set()
+        await drain_tasks(self.tasks, grace=DRAIN_S, what="concierge-agent")
+
+
+def _bound_key(client_key: str | None, text: str) -> str | None:
+    """The run store's client key: the client's ``Idempotency-Key`` with the message's digest (a key reused with
+    another text does not find the first turn)."""
+    if client_key is None:
+        return None
+    return f"{client_key}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _waiting_id(record: RunRecord) -> str:
+    return str((record.waiting or {}).get("waiting_id") or "")
+
+
+def _chat_view(chat: dict[str, Any], record: RunRecord | None) -> dict[str, Any]:
+    status = _status_of(record)
+    last_turn = chat.get("last_turn")
+    pending = None
+    if status is ChatStatus.AWAITING_APPROVAL and record is not None and record.waiting is not None:
+        pending = record.waiting.get("approval")
+    if record is not None and status is not ChatStatus.IDLE and (last_turn or {}).get("turn_id") != record.turn:
+        # the turn in progress (or parked): its outcome is not known yet
+        outcome = TurnOutcome.AWAITING_APPROVAL if status is ChatStatus.AWAITING_APPROVAL else None
+        last_turn = {"turn_id": record.turn, "outcome": outcome, "error": None, "usage": None}
+    return {
+        "chat_id": chat["chat_id"],
+        "status": status,
+        "messages": chat["messages"],
+        "pending_approval": pending,
+        "bookings": chat["bookings"],
+        "last_turn": last_turn,
+        "usage": chat.get("usage"),
+        "created_at": chat["created_at"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------- app
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = get_settings()
+    redis = app.state.redis
+    async with open_checkpointer() as saver, open_concierge_deps(redis) as deps:
+        app.state.checkpointer = saver
+        graph = build_concierge_graph(deps, saver)
+        guard = QueueGuard(redis, DeadLetterQueue(redis))
+        instance = instance_name(settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}")
+        name_instance(instance)
+        presence = Presence(instance) if settings.presence_enabled else None
+        if presence is not None:
+            await presence.start()
+        service = ConciergeService(deps, graph, RunStore(redis), guard, instance)
+        app.state.concierge = service
+        try:
+            with on_terminate(service.stopping.set):
+                yield
+        finally:
+            try:
+                await service.drain()
+                await service.hub.aclose()
+            finally:
+                if presence is not None:
+                    await presence.stop()
+
+
+async def _checkpointer_ready() -> None:
+    await checkpointer_ready(app.state.checkpointer)
+
+
+app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
+
+
+def _service() -> ConciergeService:
+    service: ConciergeService = app.state.concierge
+    if service.stopping.is_set():
+        raise HTTPException(status_code=503, detail=f"{SERVICE} is shutting down", headers={"Retry-After": "1"})
+    return service
+
+
+ChatId = Annotated[str, Path(pattern=CHAT_ID_PATTERN)]
+ApprovalId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+_NO_CHAT = detail(404, description="No chat with this id.")
+
+
+@app.post("/chats", status_code=201, response_model=Created)
+async def create_chat(response: Response) -> Created:
+    chat_id = await _service().create_chat()
+    response.headers["Location"] = f"/chats/{chat_id}"
+    return Created(chat_id=chat_id, status=ChatStatus.IDLE)
+
+
+@app.post(
+    "/chats/{chat_id}/messages",
+    status_code=202,
+    response_model=TurnAccepted,
+    responses=answers(
+        _NO_CHAT,
+        validation_error("`text` is empty or over 8 KB, or `payment_token` is malformed."),
+        error(
+            409,
+            "turn_in_progress",
+            "approval_pending",
+            description="A turn runs (`turn_in_progress`) or an approval waits (`approval_pending`).",
+        ),
+    ),
+)
+async def post_message(
+    chat_id: ChatId,
+    body: MessageRequest,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
+) -> TurnAccepted:
+    turn_id, status = await _service().post_message(chat_id, body.text, body.payment_token, idempotency_key)
+    return TurnAccepted(chat_id=chat_id, turn_id=turn_id, status=status)
+
+
+@app.get("/chats/{chat_id}", responses=answers(_NO_CHAT))
+async def get_chat(
+    chat_id: ChatId, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0
+) -> dict[str, Any]:
+    """The chat; with `wait`, once its turn is not `running` any more (or the wait is over)."""
+    return await app.state.concierge.view(chat_id, wait)
+
+
+def _encode_cursor(score: float) -> str:
+    return base64.urlsafe_b64encode(repr(score).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> float:
+    try:
+        value = float(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
+    except (ValueError, UnicodeDecodeError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise HTTPException(
+            status_code=422,
+            detail=[{"loc": ["query", "cursor"], "msg": "not a cursor this API gave out", "type": "value_error"}],
+        )
+    return value
+
+
+@app.get("/chats", responses=answers(validation_error("`cursor` is not one this API gave out.")))
+async def list_chats(
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+) -> dict[str, Any]:
+    """Chats newest first, a page at a time (an approval past its TTL is expired here too, as on the chat itself)."""
+    service: ConciergeService = app.state.concierge
+    rows = await service.deps.chats.page(limit, _decode_cursor(cursor) if cursor is not None else None)
+    chats = []
+    for chat_id, created in rows:
+        record = await service.expire_if_due(chat_id)
+        chats.append({"chat_id": chat_id, "created_at": created, "status": _status_of(record)})
+    next_cursor = _encode_cursor(rows[-1][1]) if len(rows) == limit else None
+    return {"chats": chats, "next_cursor": next_cursor}
+
+
+@app.post(
+    "/chats/{chat_id}/approvals/{approval_id}",
+    status_code=202,
+    response_model=ApprovalAccepted,
+    responses=answers(
+        detail(404, description="No such chat, or no such approval in it."),
+        validation_error("`approve` is not a boolean, or `payment_token` is malformed."),
+        error(409, "approval_expired", description="The approval is older than `APPROVAL_TTL_S`: nothing was booked."),
+    ),
+)
+async def decide_approval(chat_id: ChatId, approval_id: ApprovalId, body: ApprovalRequest) -> ApprovalAccepted:
+    """The decision is durable before this answers; a repeat gets the first decision back."""
+    approve, status = await _service().decide(chat_id, approval_id, body.approve, body.payment_token)
+    return ApprovalAccepted(chat_id=chat_id, approval_id=approval_id, approve=approve, status=status)
+
+
+@app.get(
+    "/chats/{chat_id}/events",
+    responses={
+        200: {
+            "description": "The chat's journal, oldest first. With `Accept: text/event-stream`: Server-Sent Events, "
+            "live (`id:` the entry id: send it back as `Last-Event-ID` to resume on any replica).",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **answers(_NO_CHAT, validation_error("`Last-Event-ID` is not an entry id.")),
+    },
+)
+async def chat_events(
+    request: Request,
+    chat_id: ChatId,
+    last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = "",
+) -> Any:
+    service: ConciergeService = app.state.concierge
+    await service._known(chat_id)
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        return {"chat_id": chat_id, "events": await service.deps.feed.read(chat_id, after=last_event_id or None)}
+    return EventSourceResponse(
+        _follow(service, request, chat_id, last_event_id or None),
+        ping=PING_S,
+        send_timeout=SEND_TIMEOUT_S,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _follow(
+    service: ConciergeService, request: Request, chat_id: str, after: str | None
+) -> AsyncIterator[ServerSentEvent]:
+    async with contextlib.aclosing(service.hub.follow(chat_id, after)) as entries:
+        async for entry in entries:
+            if not entry:
+                if await request.is_disconnected() or service.stopping.is_set():
+                    return
+                continue
+            yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"], event=entry["kind"])
+
+
+# ------------------------------------------------------------------------------------------------- A2A
+
+
+def a2a_chat_id(context_id: str) -> str:
+    """The chat of one A2A conversation (its ``contextId``)."""
+    return "a2a-" + hashlib.sha256(context_id.encode()).hexdigest()[:32]
+
+
+async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
+    """A2A: one turn of the conversation of this ``contextId``; the model's text streams as it comes
+    (``message/stream``), then the chat's answer: text, or the approval it waits for (reply ``approve`` with
+    ``{"approve": true|false, "payment_token"?}`` in the same context)."""
+    service = _service()
+    context_id = str(data.get("context_id") or uuid.uuid4().hex)
+    chat_id = a2a_chat_id(context_id)
+    if not await service.deps.chats.exists(chat_id):
+        await service.deps.chats.create(chat_id)
+    record = await service.expire_if_due(chat_id)
+    approve = data.get("approve")
+    token = data.get("payment_token") if isinstance(data.get("payment_token"), str) else None
+    if isinstance(approve, bool) and record is not None and record.status is RunStatus.PARKED:
+        request = ApprovalRequest.model_validate({"approve": approve, "payment_token": token})
+        await service.decide(chat_id, _waiting_id(record), request.approve, request.payment_token)
+        turn_id = record.turn or ""
+    else:
+        body = MessageRequest.model_validate({"text": data.get("text"), "payment_token": token})
+        turn_id, _ = await service.post_message(chat_id, body.text, body.payment_token, None)
+    after = None
+    if progress_wanted():
+        events = await service.deps.feed.read(chat_id)
+        after = events[-1]["id"] if events else None
+    streaming = asyncio.create_task(_stream_tokens(service, chat_id, turn_id, after)) if progress_wanted() else None
+    try:
+        view = await service.view(chat_id, max(0.0, remaining_budget() - 0.2))
+    finally:
+        if streaming is not None:
+            streaming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await streaming
+    answer = next((m["content"] for m in reversed(view["messages"]) if m["role"] == "assistant"), None)
+    return {
+        "chat_id": chat_id,
+        "turn_id": turn_id,
+        "status": view["status"],
+        "answer": answer if (view["last_turn"] or {}).get("outcome") == TurnOutcome.ANSWERED else None,
+        "pending_approval": view["pending_approval"],
+        "last_turn": view["last_turn"],
+        "text": answer,
+    }
+
+
+async def _stream_tokens(service: ConciergeService, chat_id: str, turn_id: str, after: str | None) -> None:
+    async for entry in service.hub.follow(chat_id, after):
+        if entry.get("kind") == ChatEventKind.TOKEN and entry.get("turn_id") == turn_id:
+            await report_progress(
+                {"text": entry.get("text", ""), "call": entry.get("call"), "fence": entry.get("fence")}
+            )
+        elif entry.get("kind") == ChatEventKind.MODEL_SWITCHED and entry.get("turn_id") == turn_id:
+            # what this call streamed so far is not the answer: the next attempt's tokens replace it
+            await report_progress(
+                {"discard": {"call": entry.get("call"), "attempt": entry.get("attempt")}, "reason": entry.get("reason")}
+            )
+        elif entry.get("kind") in (ChatEventKind.TURN_FINISHED, ChatEventKind.APPROVAL_REQUESTED):
+            return
+
+
+mount_a2a(
+    app,
+    name=SERVICE,
+    description="A concierge you talk to: it searches, books (after your approval) and cancels hotels.",
+    url=get_settings().concierge_agent_url,
+    skills=[
+        Skill(
+            id="concierge",
+            name="Concierge",
+            description="Talk about a stay in plain text; a booking waits for {approve, payment_token?}.",
+            handler=concierge_skill,
+            tags=("hotels", "chat"),
+            inputs=("text", "payment_token?", "approve?"),
+            text=True,
+        )
+    ],
+    bulkhead="concierge_agent",
+    streaming=True,
+)
+document_service_token(app, A2A_PATH)

@@ -1,0 +1,258 @@
+"""kill -9 of concierge-agent at every point of a turn, with real processes: during the model call, while the
+approval waits, right after the approval's 202, during the booking's charge. Each ends with exactly one booking
+for the approval, shown once in the chat, and ``concierge verify`` clean. An approval past ``APPROVAL_TTL_S`` is
+refused (409 ``approval_expired``) and books nothing. Killed during a 429's ``retry-after`` wait, the resumed turn asks
+the model once more, after the wait.
+
+The recovery worker resumes a killed owner's turn as soon as its presence connection is gone; no wall-clock
+assertions beyond the waits' bounds (the figures are printed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from domain.llm import PRIMARY_MODEL
+from tests.e2e.test_concierge import (
+    START_S,
+    approve,
+    awaiting,
+    book_request,
+    chat,
+    events,
+    new_chat,
+    say,
+    start,
+    url,
+    verify,
+)
+from tests.stack import CORE, Stack, fresh_database
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SERVICES = (*CORE, "llm-api", "recovery-worker", "concierge-agent")
+ENV = {"ORPHAN_SCAN_INTERVAL": "0.2", "IDEMPOTENCY_LEASE_S": "2", "APPROVAL_TTL_S": "600"}
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    with fresh_database() as url_:
+        yield url_
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, database: str) -> Iterator[Stack]:
+    tmp: Path = tmp_path_factory.mktemp("concierge-kills")
+    with Stack(tmp, redis_url, database_url=database, env=ENV) as stack:
+        start(stack, SERVICES)
+        yield stack
+
+
+@pytest.fixture(autouse=True)
+def no_faults(stack: Stack) -> Iterator[None]:
+    yield
+    stack.fault("llm-api")
+    stack.fault("payment-api")
+
+
+def kill_and_restart(stack: Stack, env: dict[str, str] | None = None) -> float:
+    """kill -9 concierge-agent, then start it again (the recovery worker resumes meanwhile); when it was killed."""
+    stack.services["concierge-agent"].kill()
+    killed = time.time()
+    restart(stack, env)
+    return killed
+
+
+def restart(stack: Stack, env: dict[str, str] | None = None) -> None:
+    proc = stack.procs.serve("concierge-agent", port=stack.ports["concierge-agent"], env=env, timeout=START_S)
+    stack.services["concierge-agent"] = proc
+
+
+def resumed_after(stack: Stack, chat_id: str, killed: float) -> float | None:
+    for entry in events(stack, chat_id):
+        if entry["kind"] == "resumed":
+            at = datetime.fromisoformat(entry["at"].replace("Z", "+00:00")).replace(tzinfo=UTC).timestamp()
+            if at >= killed - 0.01:
+                return at - killed
+    return None
+
+
+def one_booking(stack: Stack, chat_id: str, pending: dict[str, Any]) -> str:
+    """The chat ends idle with one confirmed booking of the approved hotel, relayed once; returns its id."""
+    view = chat(stack, chat_id, wait=60)
+    assert view["status"] == "idle", view
+    assert len(view["bookings"]) == 1, view
+    booking = stack.booking(view["bookings"][0], wait=30)
+    assert booking["status"] == "confirmed", booking
+    assert booking["hotel_id"] == pending["hotel_id"]
+    assert booking["total_price"] <= pending["total_price"] + 1e-9
+    relayed = [e for e in events(stack, chat_id) if e["kind"] == "booking"]
+    assert [e["entry"]["kind"] for e in relayed].count("confirmed") == 1
+    assert len({e["entry"]["id"] for e in relayed}) == len(relayed)  # each entry once
+    charges = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == booking["booking_id"]]
+    assert len([c for c in charges if c.get("status") == "captured"]) == 1, charges
+    return str(booking["booking_id"])
+
+
+def test_kill_during_the_model_call_asks_the_model_again_and_books_once(stack: Stack) -> None:
+    stack.fault("llm-api", model=None, first_token_latency_s=4.0)
+    chat_id = new_chat(stack)
+    say(stack, chat_id, book_request(), payment_token="tok_visa")
+    time.sleep(1.5)  # the first model call is waiting for its first token
+    killed = kill_and_restart(stack)
+    stack.fault("llm-api")
+    pending = awaiting(stack, chat_id)
+    print(f"model call: turn resumed {resumed_after(stack, chat_id, killed)} s after the kill")
+    assert resumed_after(stack, chat_id, killed) is not None
+    assert approve(stack, chat_id, pending["approval_id"], {"approve": True}).status_code == 202
+    one_booking(stack, chat_id, pending)
+
+
+def llm_requests(stack: Stack) -> list[dict[str, Any]]:
+    response = stack.admin("GET", "llm-api", "requests")
+    assert response.status_code == 200, response.text
+    return list(response.json()["requests"])
+
+
+def test_kill_during_a_retry_after_wait_asks_the_model_once_more_not_twice(stack: Stack) -> None:
+    """The 429's ``retry-after`` outlives the process that heard it (the shared limiter holds the model): the turn
+    resumed elsewhere waits out the rest of it and asks once, instead of asking at once and being refused again."""
+    assert stack.admin("DELETE", "llm-api", "requests").status_code == 200
+    retry_after = 6.0
+    stack.fault("llm-api", model=PRIMARY_MODEL, error_status=429, error_count=1, retry_after_s=retry_after)
+    chat_id = new_chat(stack)
+    say(stack, chat_id, "hello")
+    deadline = time.monotonic() + 30
+    while not llm_requests(stack) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [refused] = llm_requests(stack)  # the turn is in its retry-after wait now
+    assert refused["status"] == 429, refused
+    killed = kill_and_restart(stack)
+    view = chat(stack, chat_id, wait=60)
+    assert view["status"] == "idle" and view["last_turn"]["outcome"] == "answered", view
+    print(f"retry-after wait: turn resumed {resumed_after(stack, chat_id, killed)} s after the kill")
+    assert resumed_after(stack, chat_id, killed) is not None
+    first, *asked = llm_requests(stack)
+    assert first == refused and [e["status"] for e in asked] == [200], asked
+    waited = (at(asked[0]["at"]) - at(refused["at"])).total_seconds()
+    assert waited >= retry_after - 0.1, f"asked {waited:.2f}s after the 429, before its retry-after had passed"
+
+
+def at(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def test_kill_while_the_approval_waits_loses_nothing(stack: Stack) -> None:
+    chat_id = new_chat(stack)
+    say(stack, chat_id, book_request(), payment_token="tok_visa")
+    pending = awaiting(stack, chat_id)
+    kill_and_restart(stack)
+    assert awaiting(stack, chat_id) == pending  # parked: nobody's, not recovered as crashed
+    assert approve(stack, chat_id, pending["approval_id"], {"approve": True}).status_code == 202
+    one_booking(stack, chat_id, pending)
+
+
+def test_kill_right_after_the_approvals_202_books_once(stack: Stack) -> None:
+    chat_id = new_chat(stack)
+    say(stack, chat_id, book_request(), payment_token="tok_visa")
+    pending = awaiting(stack, chat_id)
+    assert approve(stack, chat_id, pending["approval_id"], {"approve": True}).status_code == 202
+    killed = kill_and_restart(stack)
+    booking_id = one_booking(stack, chat_id, pending)
+    print(f"after 202: turn resumed {resumed_after(stack, chat_id, killed)} s after the kill; booking {booking_id}")
+    # a repeat of the approval after all that is the same answer, and books nothing more
+    assert approve(stack, chat_id, pending["approval_id"], {"approve": True}).status_code == 202
+    assert chat(stack, chat_id)["bookings"] == [booking_id]
+
+
+def test_kill_during_the_bookings_charge_books_and_charges_once(stack: Stack) -> None:
+    chat_id = new_chat(stack)
+    say(stack, chat_id, book_request(), payment_token="tok_visa")
+    pending = awaiting(stack, chat_id)
+    stack.fault("payment-api", latency_s=4.0)
+    assert approve(stack, chat_id, pending["approval_id"], {"approve": True}).status_code == 202
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # booking-agent is charging: the booking's journal is being relayed
+        relayed = [e["entry"]["kind"] for e in events(stack, chat_id) if e["kind"] == "booking"]
+        if "step_started" in relayed and any(
+            e["kind"] == "booking" and e["entry"].get("step") == "charge" for e in events(stack, chat_id)
+        ):
+            break
+        time.sleep(0.1)
+    killed = kill_and_restart(stack)
+    stack.fault("payment-api")
+    booking_id = one_booking(stack, chat_id, pending)
+    print(f"charge: turn resumed {resumed_after(stack, chat_id, killed)} s after the kill; booking {booking_id}")
+
+
+def test_an_expired_approval_is_refused_and_books_nothing(stack: Stack) -> None:
+    stack.services["concierge-agent"].kill()
+    restart(stack, {"APPROVAL_TTL_S": "1"})
+    try:
+        chat_id = new_chat(stack)
+        say(stack, chat_id, book_request(), payment_token="tok_visa")
+        pending = awaiting(stack, chat_id)
+        time.sleep(1.5)
+        listed = stack.http.get(url(stack, "/chats")).json()["chats"]
+        (row,) = [c for c in listed if c["chat_id"] == chat_id]
+        assert row["status"] != "awaiting_approval", row  # the list expires it as the chat's own view does
+        late = approve(stack, chat_id, pending["approval_id"], {"approve": True})
+        assert late.status_code == 409 and late.json()["error"]["code"] == "approval_expired", late.text
+        view = chat(stack, chat_id, wait=60)
+        assert view["status"] == "idle" and view["bookings"] == []
+        again = approve(stack, chat_id, pending["approval_id"], {"approve": True})
+        assert again.status_code == 409
+        assert stack.http.post(url(stack, f"/chats/{chat_id}/messages"), json={"text": "thanks"}).status_code == 202
+    finally:
+        kill_and_restart(stack)
+
+
+def _read_ids(response: httpx.Response, until: Callable[[dict[str, Any]], bool]) -> list[str]:
+    seen: list[str] = []
+    with contextlib.suppress(httpx.HTTPError):  # the stream breaks when its server is killed
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                entry = json.loads(line[5:])
+                seen.append(entry["id"])
+                if until(entry):
+                    break
+    return seen
+
+
+def test_the_sse_stream_resumes_across_a_restart_without_gap_or_repeat(stack: Stack) -> None:
+    stack.fault("llm-api", model=None, token_delay_s=0.05)
+    chat_id = new_chat(stack)
+    say(stack, chat_id, "hello there, what can you do for me today?")
+    headers = {"Accept": "text/event-stream"}
+    with httpx.stream("GET", url(stack, f"/chats/{chat_id}/events"), headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        tokens = 0
+
+        def enough(entry: dict[str, Any]) -> bool:
+            nonlocal tokens
+            tokens += entry["kind"] == "token"
+            return tokens >= 3
+
+        before = _read_ids(response, enough)
+        kill_and_restart(stack)
+    assert before, "nothing streamed before the kill"
+    resume = {**headers, "Last-Event-ID": before[-1]}
+    with httpx.stream("GET", url(stack, f"/chats/{chat_id}/events"), headers=resume, timeout=90) as response:
+        assert response.status_code == 200
+        after = _read_ids(response, lambda entry: entry["kind"] == "turn_finished")
+    assert chat(stack, chat_id)["status"] == "idle"
+    assert before + after == [entry["id"] for entry in events(stack, chat_id)]  # no gap, no repeat
+
+
+def test_verify_is_clean_after_every_kill(stack: Stack) -> None:
+    audit = verify(stack)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
