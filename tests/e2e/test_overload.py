@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.stack import Stack, fresh_database
+from tests.stack import CORE, Stack, fresh_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -31,6 +31,7 @@ BURST = 300
 ENV = {"BOOKING_MAX_IN_FLIGHT": str(CAP)}
 CITIES = ("Lisbon", "Porto", "Madrid", "Barcelona", "Paris", "London", "Berlin", "Rome", "Amsterdam", "Vienna")
 FINAL = {"confirmed", "failed"}
+START_TIMEOUT_S = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +240,57 @@ def test_runs_wait_out_full_bulkheads_behind_the_door_instead_of_failing(stack: 
     after = rejected(stack)
     assert not {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
     print(f"\n{CAP} bookings through slow providers: all confirmed in {all_final_s:.1f}s, no bulkhead refused one")
+
+
+@pytest.fixture(scope="module")
+def adaptive_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
+    """The five services with the door as it ships: adaptive (no ``BOOKING_MAX_IN_FLIGHT``, not even inherited)."""
+    tmp: Path = tmp_path_factory.mktemp("adaptive-door")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("BOOKING_MAX_IN_FLIGHT", raising=False)
+        with fresh_database() as database_url, Stack(tmp, redis_url, database_url=database_url) as stack:
+            for service in CORE:
+                # a two-core machine shared by a whole team can take over a minute to start one service
+                stack.serve(service, wait=False).wait_ready(START_TIMEOUT_S)
+            yield stack
+
+
+def test_the_adaptive_door_sheds_a_burst_with_429_and_retry_after_and_never_a_5xx(adaptive_stack: Stack) -> None:
+    stack = adaptive_stack
+    door = stack.http.get(f"{stack.url('booking-agent')}/health/door").json()
+    assert door["door"] == "adaptive" and door["min"] <= door["limit"] <= door["max"], door
+    before = rejected(stack)
+
+    async def burst() -> list[Answer]:
+        # most without a key (refused before their body is read), some with one (refused by the door's admit)
+        unkeyed = (post_and_follow(stack, request_body(n, days_ahead=20)) for n in range(BURST))
+        keyed = (
+            post_and_follow(stack, request_body(BURST + n, days_ahead=20), {"Idempotency-Key": uuid.uuid4().hex})
+            for n in range(BURST // 5)
+        )
+        return await asyncio.gather(*unkeyed, *keyed)
+
+    answers = asyncio.run(burst())
+
+    statuses = Counter(answer.status for answer in answers)
+    assert set(statuses) <= {202, 429}, {s: [a.body for a in answers if a.status == s][:3] for s in statuses}
+    refused = [answer for answer in answers if answer.status == 429]
+    accepted = [answer for answer in answers if answer.status == 202]
+    assert refused and accepted, statuses
+    for answer in refused:
+        assert answer.retry_after is not None and int(answer.retry_after) >= 1, answer
+        error = answer.body["error"]
+        assert error["code"] == "overloaded" and door["min"] <= error["limit"] <= door["max"], error
+        assert "adaptive limit" in error["message"], error
+    finals = Counter(answer.final["status"] for answer in accepted if answer.final)
+    assert finals == {"confirmed": len(accepted)}, [a.final for a in accepted if a.final][:3]
+    assert_exactly_once(stack, {answer.body["booking_id"] for answer in accepted})
+
+    after = rejected(stack)
+    refusals = {name: after[name] - before.get(name, 0) for name in after}
+    assert refusals.pop("booking-agent booking_runs") == len(refused), "every 429 is the door's, counted once"
+    assert not {name: n for name, n in refusals.items() if n}, "no bulkhead behind the door refused anything"
+    assert slots_in_use(stack) == 0, "every run gave its slot back"
+    learned = stack.http.get(f"{stack.url('booking-agent')}/health/door").json()
+    assert learned["rtt_s"] is not None and learned["baseline_s"] is not None, "the runs' latency reached the limit"
+    print(f"\nadaptive door, {len(answers)} concurrent POSTs: {dict(statuses)}; door now {learned}")
