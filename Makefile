@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock compose-check api-check test lint bench up console-screenshot clean
+.PHONY: install lock compose-check api-check test lint bench up chaos console-screenshot clean
 
 # Installs requirements-dev.lock exactly (hashes checked; packages not in it removed): uv from its pin there (pip),
 # then uv for the rest, then the project itself, editable. Refuses a lock that pyproject.toml has moved away from.
@@ -36,13 +36,15 @@ compose-check: $(STAMP)
 api-check: $(STAMP)
 	$(BIN)/python scripts/api_check.py $(API_CHECK_ARGS)
 
-# The default suite (minutes): everything but the tests marked slow. CI runs both.
+# The default suite (minutes): everything but the tests marked slow, each file on one of TEST_WORKERS workers
+# (its tests mostly wait on processes; TEST_WORKERS=0: all in this process). CI runs both suites.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # The slow tests: whole stacks under load with replicas killed, Redis failovers and clusters, benches as processes.
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow --durations=15 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -56,6 +58,11 @@ bench: $(STAMP)
 # The whole stack as local processes until Ctrl-C; e.g. make up UP_ARGS="--detach --scale booking-agent=2".
 up: $(STAMP)
 	$(BIN)/concierge up $(UP_ARGS)
+
+# Five minutes of `concierge chaos` (random faults under 8 clients, then the verdict) against a fresh stack of its own
+# (scripts/chaos_run.py: own Redis, a new Postgres database when one answers); e.g. CHAOS_ARGS="-- --seed 101".
+chaos: $(STAMP)
+	$(BIN)/python scripts/chaos_run.py $(CHAOS_ARGS)
 
 # The README's picture of the web console mid-recovery: the browser test (headless Chromium, a booking whose agent is
 # killed from the page) copies its screenshot to docs/console.png.

@@ -14,10 +14,12 @@ Redis connection and one instance lease for all its runs, and a peer takes them 
 gone (``runs.presence``). On SIGTERM the service stops taking bookings, cancels the step each run is in and hands the
 runs to the recovery queue at once (before uvicorn waits for open requests).
 
-An accepted booking is a promise, so the capacity limits act at the door, never on a run: past
-``BOOKING_MAX_IN_FLIGHT`` runs in this process (bulkhead ``booking_runs``, one slot held per run), a new booking is
-answered 429 with ``Retry-After`` before anything is recorded (a retry of one already accepted still gets it). A run
-waits for a full bulkhead within its budget (``wait_for_slots``) instead of failing.
+An accepted booking is a promise, so the capacity limits act at the door, never on a run: past the door's limit of
+runs in this process (bulkhead ``booking_runs``, one slot held per run), a new booking is answered 429 with
+``Retry-After`` before anything is recorded (a retry of one already accepted still gets it), and before its body is
+read when it carries no ``Idempotency-Key``. The limit adapts to the runs' latency (``resilience.AdaptiveDoor``,
+docs/overload.md) unless ``BOOKING_MAX_IN_FLIGHT`` fixes it. A run waits for a full bulkhead within its budget
+(``wait_for_slots``) instead of failing.
 """
 
 from __future__ import annotations
@@ -30,15 +32,19 @@ import json
 import logging
 import math
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import date
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.middleware import Middleware
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
@@ -52,11 +58,13 @@ from domain.booking import (
     check_nights,
     parse_iso_date,
 )
-from graph.booking import BookingDeps, booking_input, build_booking_graph, open_booking_deps
+from graph.booking import BookingDeps, booking_deadline, booking_input, build_booking_graph, open_booking_deps
+from infra.a2a.errors import SkillFailure
 from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.error_table import answer_for, answer_response, error_body
 from infra.journal import is_final, name_instance, read_journal
 from infra.service import create_service_app
 from infra.service.openapi import (
@@ -69,14 +77,18 @@ from infra.service.openapi import (
     validation_error,
 )
 from infra.settings import Settings, get_settings
-from infra.signals import on_terminate
+from infra.signals import ShuttingDownError
+from infra.tasks import drain_tasks
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import (
     OUTBOUND_BULKHEAD_CONFIGS,
+    AdaptiveDoor,
+    AdaptiveLimitConfig,
     Bulkhead,
     BulkheadConfig,
-    HeldSlot,
+    FixedDoor,
     OverloadedError,
+    TimedSlot,
     bulkhead_registry,
     remaining_budget,
     wait_for_slots,
@@ -98,12 +110,28 @@ RETRY_AFTER_S = 1.0
 """What a refused client is told to wait: under load a run takes about a second, then its slot is free again."""
 
 
+INITIAL_DOOR_LIMIT: Final = 20
+
+
 def max_in_flight(settings: Settings) -> int:
     """``BOOKING_MAX_IN_FLIGHT``, or the default its description explains (from the bulkheads and the Redis pool)."""
     if settings.booking_max_in_flight is not None:
         return settings.booking_max_in_flight
     narrowest = min(cfg.max_concurrent for cfg in OUTBOUND_BULKHEAD_CONFIGS.values())
     return max(1, min(2 * narrowest, settings.redis_max_connections // 2))
+
+
+def open_door(settings: Settings, slots: Bulkhead) -> FixedDoor:
+    """The fixed door when ``BOOKING_MAX_IN_FLIGHT`` is set, else the adaptive one, its ceiling the default cap."""
+    if settings.booking_max_in_flight is not None:
+        return FixedDoor(slots)
+    ceiling = slots.cfg.max_concurrent
+    # a fresh door knows no latency yet: it starts at 20, as Netflix's Gradient2 does, so an idle agent takes a burst
+    # of twenty at once, and sizes itself from there
+    limits = AdaptiveLimitConfig(
+        min_limit=min(2, ceiling), initial_limit=min(INITIAL_DOOR_LIMIT, ceiling), max_limit=ceiling
+    )
+    return AdaptiveDoor(slots, limits)
 
 
 IsoDate = Annotated[date, BeforeValidator(parse_iso_date)]
@@ -187,7 +215,14 @@ class BookingService:
     """The booking agent's state: stores, graph, and the runs it owns in this process."""
 
     def __init__(
-        self, deps: BookingDeps, graph: Any, runs: RunStore, guard: QueueGuard, instance: str, slots: Bulkhead
+        self,
+        deps: BookingDeps,
+        graph: Any,
+        runs: RunStore,
+        guard: QueueGuard,
+        instance: str,
+        slots: Bulkhead,
+        door: FixedDoor | None = None,
     ) -> None:
         self.deps = deps
         self.bookings: BookingStore = deps.bookings
@@ -196,7 +231,9 @@ class BookingService:
         self.guard = guard
         self.instance = instance
         self.slots = slots
-        """The in-flight cap (``RUNS_BULKHEAD``)."""
+        """The runs' slots (``RUNS_BULKHEAD``)."""
+        self.door = door or FixedDoor(slots)
+        """Who decides how many of them are taken: the fixed cap or the adaptive limit."""
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -210,7 +247,7 @@ class BookingService:
         waits for ``inbound`` within its budget: the cap already bounds that queue, and a 503 now would refuse a
         booking the door just decided to take.
         """
-        slot = self.slots.try_hold()
+        slot = self.door.try_hold()
         if slot is None:
             return await self.refuse(request, client_key)
         try:
@@ -219,7 +256,7 @@ class BookingService:
             with wait_for_slots():
                 return await inbound.run(self.accept, request, client_key, slot)
         except BaseException:
-            slot.release()
+            slot.discard()
             raise
 
     async def refuse(self, request: BookingRequest, client_key: str | None) -> tuple[str, bool]:
@@ -232,16 +269,24 @@ class BookingService:
                     raise _key_reused()
                 if await self.bookings.status(booking_id) is not None:
                     return booking_id, False
-        in_flight = self.slots.in_use
-        raise OverloadedError(
+        raise self.overloaded()
+
+    def overloaded(self) -> OverloadedError:
+        """The refusal, naming which limit was reached (a fixed one is the operator's, an adaptive one the load's)."""
+        door = self.door
+        if isinstance(door, AdaptiveDoor):
+            limit = f"its adaptive limit now (at most {self.slots.cfg.max_concurrent}, docs/overload.md)"
+        else:
+            limit = "its limit (BOOKING_MAX_IN_FLIGHT)"
+        return OverloadedError(
             RUNS_BULKHEAD,
-            self.slots.cfg.max_concurrent,
-            f"{SERVICE} has {in_flight} bookings in flight, its limit (BOOKING_MAX_IN_FLIGHT); nothing was recorded: "
+            door.limit,
+            f"{SERVICE} has {door.in_use} bookings in flight, {limit}; nothing was recorded: "
             f"send the same request again in {RETRY_AFTER_S:g}s",
             retry_after=RETRY_AFTER_S,
         )
 
-    async def accept(self, request: BookingRequest, client_key: str | None, slot: HeldSlot) -> tuple[str, bool]:
+    async def accept(self, request: BookingRequest, client_key: str | None, slot: TimedSlot) -> tuple[str, bool]:
         """Make the booking durable (run record + lease, then the booking record) and start it in ``slot``.
 
         Returns the booking id and whether this call created it. The run record comes first: whatever dies after
@@ -268,38 +313,44 @@ class BookingService:
         if lease is not None:
             self.start(lease, run_input, slot)
         else:
-            slot.release()
+            slot.discard()  # no run: its latency is no sample
         return booking_id, created
 
-    def start(self, lease: Any, run_input: dict[str, Any], slot: HeldSlot) -> None:
-        task = asyncio.create_task(self._run(lease, run_input), name=f"booking:{lease.thread_id}")
+    def start(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
+        task = asyncio.create_task(self._run(lease, run_input, slot), name=f"booking:{lease.thread_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        task.add_done_callback(lambda _: slot.release())
 
-    async def _run(self, lease: Any, run_input: dict[str, Any]) -> None:
+    async def _run(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
+        """Run the booking in ``slot``; only a confirmed booking's time is a latency sample for the door.
+
+        A failed run's time is its dependency's answer, not this door's queue: a breaker's refusal in milliseconds
+        would become the baseline no booking reaches again, and hold the door at its floor once the fault clears.
+        """
         # Not inside the inbound bulkhead: an accepted booking is a promise, not a request we may shed. The cap
         # guards acceptance (above); the run is bounded by its own budget, and waits out full bulkheads within it.
-        await execute_run(
-            self.graph,
-            lease,
-            run_input,
-            budget_s=get_settings().booking_budget_s,
-            stop=self.stopping,
-            hand_off=self.guard.safe_enqueue,
-        )
+        confirmed = False
+        try:
+            result = await execute_run(
+                self.graph,
+                lease,
+                run_input,
+                budget_s=get_settings().booking_budget_s,
+                stop=self.stopping,
+                hand_off=self.guard.safe_enqueue,
+                promised_until=booking_deadline(time.time()),  # accepted just now
+            )
+            confirmed = (result.values or {}).get("status") == BookingStatus.CONFIRMED
+        finally:
+            if confirmed:
+                slot.release()
+            else:
+                slot.discard()
 
     async def drain(self) -> None:
         """SIGTERM: cancel each run's current step, hand the runs to recovery, then return."""
         self.stopping.set()
-        if not self.tasks:
-            return
-        logger.info("draining %d booking run(s)", len(self.tasks))
-        _done, pending = await asyncio.wait(set(self.tasks), timeout=DRAIN_S)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=5)
+        await drain_tasks(self.tasks, grace=DRAIN_S, what="booking-agent")
 
 
 @asynccontextmanager
@@ -322,11 +373,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 max_concurrent=max_in_flight(settings), timeout=settings.booking_budget_s, acquire_timeout=0
             ),
         )
-        service = BookingService(deps, graph, RunStore(redis), guard, instance, slots)
+        service = BookingService(deps, graph, RunStore(redis), guard, instance, slots, open_door(settings, slots))
         app.state.booking = service
+        app.state.vitals.runs_in_flight = lambda: len(service.tasks)
+        # SIGTERM (the shell's ``stopping``): runs stop at their next step boundary, long-polls answer at once
+        app.state.stopping.add(service.stopping.set)
+        app.state.stopping.add(service.bookings.release_waiters)
         try:
-            with on_terminate(service.stopping.set):
-                yield
+            yield
         finally:
             try:
                 await service.drain()
@@ -340,6 +394,42 @@ async def _checkpointer_ready() -> None:
 
 
 app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
+
+
+class ShedAtTheDoor:
+    """``POST /bookings`` without an ``Idempotency-Key`` is refused before its body is read while the door is full.
+
+    Under overload most requests are refused, and parsing each would spend the CPU the accepted runs need. A keyed
+    request goes on to ``admit``: it may be the retry of a booking already accepted, which still gets its answer.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/bookings":
+            service: BookingService | None = getattr(app.state, "booking", None)
+            if service is not None and service.door.full() and not _has_idempotency_key(scope):
+                service.slots.count_refusal()  # in /health/bulkheads, as admit's refusal is
+                status, body, headers = answer_response(answer_for(service.overloaded()))
+                await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _has_idempotency_key(scope: Scope) -> bool:
+    return any(name.lower() == b"idempotency-key" for name, _ in scope.get("headers", ()))
+
+
+# innermost: behind the shell's host check, metrics, error boundary and budget (add_middleware would go outermost)
+app.user_middleware.append(Middleware(ShedAtTheDoor))
+
+
+@app.get("/health/door", tags=["health"])
+async def door() -> dict[str, Any]:
+    """The door's size now: the adaptive limit (and the latency it follows) or the fixed ``BOOKING_MAX_IN_FLIGHT``."""
+    service: BookingService = app.state.booking
+    return dict(service.door.stats())
 
 
 def _key_reused() -> HTTPException:
@@ -358,12 +448,13 @@ def _key_reused() -> HTTPException:
 def _service() -> BookingService:
     service: BookingService = app.state.booking
     if service.stopping.is_set():
-        raise HTTPException(status_code=503, detail="booking-agent is shutting down", headers={"Retry-After": "1"})
+        raise ShuttingDownError(SERVICE)
     return service
 
 
-_SHUTTING_DOWN = detail(
+_SHUTTING_DOWN = error(
     503,
+    ErrorCode.SHUTTING_DOWN,
     description="booking-agent is shutting down and takes no new booking: send it again (to a replica, or once "
     "restarted) after `Retry-After`.",
     headers={"Retry-After": RETRY_AFTER},
@@ -388,8 +479,8 @@ _SHUTTING_DOWN = detail(
         error(
             429,
             ErrorCode.OVERLOADED,
-            description="`BOOKING_MAX_IN_FLIGHT` bookings are in flight; nothing was recorded: send the same request "
-            "again after `Retry-After`.",
+            description="The door's limit of bookings in flight is reached (adaptive, or `BOOKING_MAX_IN_FLIGHT`); "
+            "nothing was recorded: send the same request again after `Retry-After`.",
             headers={"Retry-After": RETRY_AFTER},
         ),
         _SHUTTING_DOWN,
@@ -419,7 +510,8 @@ BookingId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0
     responses={
         200: {
             "model": BookingView,
-            "description": "The booking as it stands (with `wait`: once final, or when the wait is over).",
+            "description": "The booking as it stands (with `wait`: once final, when the wait is over, or at once "
+            "when this process is stopping: ask again, a replica or the restarted process answers the rest).",
         },
         **answers(detail(404, description="No booking with this id.")),
     },
@@ -551,22 +643,37 @@ async def booking_events(
         _follow(redis, store, booking_id, last_event_id or None),
         ping=PING_S,
         send_timeout=SEND_TIMEOUT_S,
+        # on SIGTERM sse-starlette cancels the stream at once; this lets it end with its `shutting_down` event
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+SHUTDOWN_GRACE_S = 1.0
+"""How long a stream may take to end on its own once the server stops (it notices within ``FOLLOW_POLL_S``)."""
+SHUTDOWN_RECONNECT_MS = 1000
+"""What a stream ended by a shutdown tells the client (SSE ``retry:``): reconnect after this, with ``Last-Event-ID``."""
 
 
 async def _follow(
     redis: Any, store: BookingStore, booking_id: str, after: str | None
 ) -> AsyncIterator[ServerSentEvent]:
+    final = False
     async for entry in _entries(redis, store, booking_id, after):
+        final = is_final(entry)
         yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
+    if not final and app.state.stopping.is_set():
+        # ended by a shutdown, not by the booking: say so, and when to resume (a replica, or the restarted process)
+        body = error_body(ErrorCode.SHUTTING_DOWN, f"{SERVICE} is shutting down: reconnect with Last-Event-ID")
+        yield ServerSentEvent(event="shutting_down", data=json.dumps(body), retry=SHUTDOWN_RECONNECT_MS)
 
 
 async def _entries(
     redis: Any, store: BookingStore, booking_id: str, after: str | None
 ) -> AsyncIterator[dict[str, Any]]:
-    """Every entry after ``after``, then new ones as they are written, until the final one."""
+    """Every entry after ``after``, then new ones as they are written, until the final one (or a shutdown)."""
     idle = 0
+    stopping = app.state.stopping
     while True:
         entries = await read_journal(redis, booking_id, after=after, count=100)
         for entry in entries:
@@ -585,6 +692,8 @@ async def _entries(
                 for entry in await read_journal(redis, booking_id, after=after):
                     yield entry
                 return
+        if stopping.is_set():  # what is written so far was sent: the rest from a replica, or after the restart
+            return
         await asyncio.sleep(FOLLOW_POLL_S)
 
 
@@ -644,6 +753,38 @@ async def book_hotel(data: dict[str, Any]) -> dict[str, Any]:
     return booking or {"booking_id": booking_id, "status": "pending"}
 
 
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _booking_id_of(data: dict[str, Any]) -> str:
+    booking_id = data.get("booking_id")
+    if not isinstance(booking_id, str) or not _ID_PATTERN.match(booking_id):
+        raise SkillFailure(ErrorCode.INVALID_REQUEST, "booking_id: letters, digits, _ and - (1 to 64)")
+    return booking_id
+
+
+async def get_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
+    """A2A: a booking as ``GET /bookings/{id}`` shows it (``not_found`` when there is none)."""
+    booking_id = _booking_id_of(data)
+    booking = await app.state.booking.bookings.get(booking_id)
+    if booking is None:
+        raise SkillFailure(ErrorCode.NOT_FOUND, f"no booking {booking_id}")
+    return dict(booking)
+
+
+async def cancel_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
+    """A2A: ``POST /bookings/{id}/cancel``; the booking as it stands (``already_final`` when too late)."""
+    booking_id = _booking_id_of(data)
+    if await app.state.booking.bookings.status(booking_id) is None:
+        raise SkillFailure(ErrorCode.NOT_FOUND, f"no booking {booking_id}")
+    return await cancel_booking(booking_id, Response())
+
+
+BOOKING_READERS: frozenset[str] | None = None
+"""Who may call ``get_booking`` / ``cancel_booking``: any service of the deployment (concierge-agent, and the recovery
+worker resuming its turns), as any person may read or cancel a booking over HTTP."""
+
+
 mount_a2a(
     app,
     name=SERVICE,
@@ -666,7 +807,25 @@ mount_a2a(
                 "max_price_per_night?",
                 "idempotency_key?",
             ),
-        )
+        ),
+        Skill(
+            id="get_booking",
+            name="Get booking",
+            description="A booking by {booking_id}: its status, hotel, price and error.",
+            handler=get_booking_skill,
+            tags=("hotels", "booking"),
+            callers=BOOKING_READERS,
+            inputs=("booking_id",),
+        ),
+        Skill(
+            id="cancel_booking",
+            name="Cancel booking",
+            description="Cancel {booking_id}: the saga stops at its next step, releases the hold and refunds.",
+            handler=cancel_booking_skill,
+            tags=("hotels", "booking"),
+            callers=BOOKING_READERS,
+            inputs=("booking_id",),
+        ),
     ],
     bulkhead="booking_agent",
     streaming=True,

@@ -1,5 +1,5 @@
-"""recovery-worker: the service that finds orphaned booking runs and finishes them (``concierge serve
-recovery-worker``, port 8020).
+"""recovery-worker: the service that finds orphaned runs (bookings, and the concierge's chat turns) and finishes them
+(``concierge serve recovery-worker``, port 8020).
 
 One process runs two loops next to the service shell's routes:
 
@@ -43,7 +43,9 @@ from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.booking import ErrorCode
-from graph.booking import build_booking_graph, open_booking_deps
+from graph.booking import booking_deadline, build_booking_graph, open_booking_deps
+from graph.concierge import CONCIERGE_GRAPH, build_concierge_graph, open_concierge_deps, starts_over
+from graph.concierge import give_up_update as concierge_give_up
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.journal import name_instance
@@ -66,6 +68,7 @@ __all__ = [
     "RecoveryWorker",
     "app",
     "booking_recovery",
+    "concierge_recovery",
     "install_queue_metrics",
 ]
 
@@ -110,7 +113,16 @@ def booking_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: Bo
             update["charge_attempted"] = True
         return update
 
-    return RecoverableGraph(graph=graph, give_up_update=give_up_update, prepare=prepare)
+    def promised_until(record: RunRecord) -> float:
+        return booking_deadline(record.created_at)  # the run record was written when the booking was accepted
+
+    return RecoverableGraph(graph=graph, give_up_update=give_up_update, prepare=prepare, promised_until=promised_until)
+
+
+def concierge_recovery(graph: CompiledStateGraph[Any, Any, Any, Any]) -> RecoverableGraph:
+    """How the consumer resumes chat turns: a turn with no step of its own yet starts from its input (the chat's
+    checkpoint is the previous turn's), a parked one parks again, one given up on ends ``failed``."""
+    return RecoverableGraph(graph=graph, give_up_update=concierge_give_up, starts_over=starts_over)
 
 
 class RecoveryWorker:
@@ -268,12 +280,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     presence = Presence(instance) if settings.presence_enabled else None
     if presence is not None:
         await presence.start()
-    async with open_checkpointer() as saver, open_booking_deps(redis) as deps:
+    async with (
+        open_checkpointer() as saver,
+        open_booking_deps(redis) as deps,
+        open_concierge_deps(redis) as concierge_deps,
+    ):
         app.state.checkpointer = saver
         graph = build_booking_graph(deps, saver)
-        worker = RecoveryWorker.for_graphs(
-            redis, {BOOKING_GRAPH: booking_recovery(graph, deps.bookings)}, consumer_id=instance
-        )
+        graphs = {
+            BOOKING_GRAPH: booking_recovery(graph, deps.bookings),
+            CONCIERGE_GRAPH: concierge_recovery(build_concierge_graph(concierge_deps, saver)),
+        }
+        worker = RecoveryWorker.for_graphs(redis, graphs, consumer_id=instance)
         app.state.recovery = worker
         install_queue_metrics()
         worker.start()

@@ -178,6 +178,7 @@ class BookingStore:
         # read). A run finished elsewhere (the recovery worker, another replica) is noticed by the fallback poll.
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._finals: dict[str, dict[str, Any]] = {}
+        self._released = False  # stopping: every long-poll answers now, with the booking as it stands
         # The last progress write in flight per booking; the next one waits for it, so they land in order.
         self._reports: dict[str, asyncio.Task[None]] = {}
 
@@ -309,6 +310,18 @@ class BookingStore:
         """Whether a cancel was requested: what the saga asks at each step boundary."""
         return bool(await self._redis.hexists(self._key(booking_id), "cancel_requested_at"))
 
+    async def charge_leaving(self, booking_id: str) -> bool:
+        """Mark, before a charge is sent, that it may leave; True when an earlier attempt may have sent one already.
+
+        Written ahead: a process that dies mid-call leaves the mark, so the run resumed elsewhere still knows a charge
+        may be captured (and refunds it) even if its own attempt is then refused before sending.
+        """
+        return not await self._redis.hsetnx(self._key(booking_id), "charge_sent_at", time.time())
+
+    async def charge_never_left(self, booking_id: str) -> None:
+        """Clear the mark: the only attempt made was refused before anything was sent (nothing to refund)."""
+        await self._redis.hdel(self._key(booking_id), "charge_sent_at")
+
     async def commit(self, booking_id: str) -> bool:
         """Pass the point of no return (right before the confirm is sent); False when a cancel came first."""
         return bool(await _COMMIT(self._redis, keys=[self._key(booking_id)], args=[time.time()]))
@@ -359,8 +372,17 @@ class BookingStore:
         status = await self._redis.hget(self._key(booking_id), "status")
         return None if status is None else text(status)
 
+    def release_waiters(self) -> None:
+        """The process is stopping: every long-poll (and any that starts from now) answers the booking as it stands
+        at once, instead of holding its connection until the server cancels it."""
+        self._released = True
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
     async def wait_final(self, booking_id: str, wait_s: float) -> dict[str, Any] | None:
-        """The booking once it is final, or as it stands when ``wait_s`` runs out (long polling)."""
+        """The booking once it is final, or as it stands when ``wait_s`` runs out or the process stops (long
+        polling)."""
         deadline = time.monotonic() + max(0.0, wait_s)
         event = asyncio.Event()
         waiters = self._waiters.setdefault(booking_id, set())
@@ -370,13 +392,15 @@ class BookingStore:
             interval = FALLBACK_POLL_S
             while booking is not None and booking["status"] not in FINAL_BOOKING_STATUSES:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self._released:
                     return booking
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(left, interval)):
                         await event.wait()
                 if (final := self._finals.get(booking_id)) is not None:
                     return dict(final)
+                if self._released:
+                    return await self.get(booking_id)
                 interval = min(interval * 2, FALLBACK_POLL_MAX_S)
                 # the status first: the whole record only once it is final, gone, or the wait is over
                 if time.monotonic() < deadline:
@@ -449,6 +473,11 @@ class BookingStore:
         )
         bound_id, _, bound_hash = text(stored).partition(":")
         return bound_id, bound_hash == body_hash
+
+    async def booking_for_key(self, client_key: str) -> str | None:
+        """The booking ``client_key`` is bound to, if any (the concierge follows the booking its key made)."""
+        stored = await self._redis.get(key(BOOKINGS_TAG, "booking-key", client_key))
+        return None if stored is None else text(stored).partition(":")[0]
 
     async def find_client_key(self, client_key: str, body_hash: str) -> tuple[str, bool] | None:
         """What ``claim_client_key`` would answer, without binding the key: ``None`` when it is not bound.

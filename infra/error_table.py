@@ -23,9 +23,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from domain.booking import BookingFinalError, ErrorCode, InvalidStayError
+from domain.chat import ChatConflictError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
 from infra.clients.errors import NoAvailabilityError, PaymentDeclinedError, ProviderError, ProviderRejectedError
+from infra.http import never_connected
+from infra.llm.errors import (
+    ModelAuthError,
+    ModelBadRequestError,
+    ModelContextTooLongError,
+    ModelError,
+    ModelQuotaExceededError,
+    ModelRateLimitedError,
+    TokenBudgetExhausted,
+)
+from infra.signals import ShuttingDownError
 from resilience.errors import (
+    AttemptTimeoutError,
     BudgetExhaustedError,
     BulkheadFullError,
     BulkheadTimeoutError,
@@ -34,6 +47,7 @@ from resilience.errors import (
     NonRetryableError,
     OverloadedError,
     ResilienceError,
+    earlier_attempts,
 )
 
 __all__ = [
@@ -44,6 +58,7 @@ __all__ = [
     "answer_response",
     "error_body",
     "is_outage",
+    "may_have_reached",
     "skill_failure_from",
 ]
 
@@ -82,6 +97,13 @@ def _fields(exc: BaseException) -> dict[str, Any]:
         return {"limit": exc.max_concurrent, "retry_after": exc.retry_after}
     if isinstance(exc, BookingFinalError):
         return {"status": exc.status}
+    if isinstance(exc, TokenBudgetExhausted):
+        return {"budget": exc.budget, "limit": exc.limit, "spent": exc.spent}
+    if isinstance(exc, ModelError):
+        extra: dict[str, Any] = {"model": exc.model} if exc.model else {}
+        if exc.retry_after is not None:
+            extra["retry_after"] = exc.retry_after
+        return extra
     return {}
 
 
@@ -90,18 +112,29 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (SkillFailure, None, False),
     (A2ASkillError, None, False),
     (InvalidStayError, ErrorCode.INVALID_REQUEST, False),
+    # the model's answers (infra.llm.errors classifies the provider's statuses into these)
+    (TokenBudgetExhausted, ErrorCode.TOKEN_BUDGET_EXHAUSTED, False),
+    (ModelContextTooLongError, ErrorCode.MODEL_CONTEXT_TOO_LONG, False),
+    (ModelBadRequestError, ErrorCode.MODEL_BAD_REQUEST, False),
+    (ModelAuthError, ErrorCode.MODEL_AUTH, False),
+    (ModelQuotaExceededError, ErrorCode.MODEL_QUOTA_EXCEEDED, False),  # billing: waiting does not help
+    (ModelRateLimitedError, ErrorCode.MODEL_RATE_LIMITED, True),  # its retry_after: the Retry-After header
+    (ModelError, ErrorCode.MODEL_UNAVAILABLE, True),
     (BookingFinalError, ErrorCode.ALREADY_FINAL, False),  # a cancel that came too late
+    (ChatConflictError, None, False),  # its own code: turn_in_progress, approval_pending, approval_expired
     (ValidationError, ErrorCode.INVALID_REQUEST, False),  # a model built from a request's data
     (InvalidBudgetHeaderError, ErrorCode.INVALID_HEADER, False),
     (NoAvailabilityError, ErrorCode.NO_AVAILABILITY, False),
     (PaymentDeclinedError, ErrorCode.PAYMENT_DECLINED, False),
     (ProviderRejectedError, ErrorCode.REJECTED, False),
     (BudgetExhaustedError, ErrorCode.TIMEOUT, False),  # A2ATimeoutError too: it is one
+    (AttemptTimeoutError, ErrorCode.TIMEOUT, True),  # too slow for its share; another attempt may fit
     (BulkheadTimeoutError, ErrorCode.TIMEOUT, True),
     (RedisConnectionError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),  # before TimeoutError: redis' is one too
     (RedisTimeoutError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),
     (PostgresUnavailableError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),
     (TimeoutError, ErrorCode.TIMEOUT, True),
+    (ShuttingDownError, ErrorCode.SHUTTING_DOWN, True),  # a stopping process: 503 with Retry-After
     (OverloadedError, ErrorCode.OVERLOADED, True),  # admission control: 429, nothing recorded
     (BulkheadFullError, ErrorCode.BULKHEAD_FULL, True),
     (CircuitOpenError, ErrorCode.PROVIDER_UNAVAILABLE, True),
@@ -181,6 +214,29 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, A2ASkillError) and answer.code in _PEER_OUTAGE_CODES
 
 
+def may_have_reached(exc: BaseException) -> bool:
+    """Whether a call that raised ``exc`` may have reached the one it called, so its effect may have happened.
+
+    Not when every attempt was refused here (an open breaker, a full bulkhead), never connected, or was refused by a peer that says its own request never left (``sent`` in its skill error). Any
+    other failure after sending (a read timeout, a reset, a 5xx, a cancelled call) may have: then the side effect is
+    "attempted" and is compensated by its idempotency key.
+    """
+    return any(_attempt_may_have_reached(seen) for seen in (exc, *earlier_attempts(exc)))
+
+
+def _attempt_may_have_reached(exc: BaseException) -> bool:
+    if isinstance(exc, ProviderError | A2AError):
+        return exc.sent  # the client boundary knows (``sent``)
+    cause = exc.__cause__
+    if isinstance(exc, CircuitOpenError | BulkheadFullError):
+        # refused here; chained (``from``) to the failure of the attempt that stopped the retries, if any
+        return cause is not None and _attempt_may_have_reached(cause)
+    if isinstance(exc, BudgetExhaustedError | BulkheadTimeoutError):
+        # out of time: what it stopped decides; stopped with nothing to say, it may have been in flight
+        return cause is None or _attempt_may_have_reached(cause)
+    return not never_connected(exc)
+
+
 def error_body(code: str, message: str | None = None, **extra: Any) -> dict[str, Any]:
     """Our services' error shape: ``{"error": {"code": ..., "message": ..., **extra}}``."""
     error: dict[str, Any] = {"code": str(code)}
@@ -201,11 +257,17 @@ def skill_failure_from(exc: BaseException) -> BaseException:
     """What a skill answers when its own dependency failed: the table's code as a business error.
 
     The agent already retried its dependency; a caller retrying too would multiply the load on a provider that is
-    down, so the failure goes back as not retryable. ``internal`` errors are returned unchanged, to be re-raised.
+    down, so the failure goes back as not retryable. Its data say when our breaker may probe again
+    (``retry_after``) and whether our request may have reached the provider (``sent``): a run waits on the one, and
+    compensates only on the other. ``internal`` errors are returned unchanged, to be re-raised.
     """
     if isinstance(exc, SkillFailure):
         return exc
     answer = answer_for(exc)
     if answer.code == ErrorCode.INTERNAL:
         return exc
-    return SkillFailure(answer.code, answer.message)
+    # what a waiting caller needs: when our breaker may probe again, and whether our request may have left
+    data: dict[str, Any] = {"sent": may_have_reached(exc)}
+    if answer.wait_s is not None:
+        data["retry_after"] = answer.wait_s
+    return SkillFailure(answer.code, answer.message, data)

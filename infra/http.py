@@ -26,6 +26,22 @@ from resilience.budget import BUDGET_HEADER, outgoing_budget_seconds
 
 _tracer = trace.get_tracer(__name__)
 
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""httpx errors raised before a byte of the request left: no connection opened (or none free in the pool)."""
+
+
+def never_connected(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the request never left: the connection did not open.
+
+    Then the callee cannot have acted on it; any other failure after sending (a read timeout, a reset) may have.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, _NEVER_SENT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
 
 class TracedTransport(httpx.AsyncBaseTransport):
     """Wraps a transport: one CLIENT span per request sent (a retry is a new span), its context in the headers.

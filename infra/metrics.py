@@ -15,6 +15,10 @@ gauges, read from the registries when scraped (always current, and nothing on th
 - ``concierge_circuit_state{name}``: 0 closed, 1 open, 2 half-open
 - ``concierge_bulkhead_in_use{name}`` / ``concierge_bulkhead_max{name}``
 
+``llm_metrics()`` adds the model calls' (the GenAI conventions' ``gen_ai_client_token_usage`` and
+``gen_ai_client_operation_duration_seconds``, and ours: retries by reason, retry-after waited, fallbacks, budget
+stops, limiter waits; ``infra.llm.telemetry`` feeds them, ``docs/model-dependency.md``).
+
 ``story_metrics()`` adds what the bookings went through (outcomes, time to final, recovery time, duplicates
 prevented, cancel requests): see ``StoryMetrics``.
 
@@ -53,12 +57,14 @@ from resilience.bulkhead import BulkheadRegistry
 
 __all__ = [
     "CIRCUIT_STATE_VALUES",
+    "LlmMetrics",
     "ResilienceMetrics",
     "StoryMetrics",
     "count_cancel_request",
     "count_duplicate_prevented",
     "count_final",
     "install_resilience_metrics",
+    "llm_metrics",
     "observe_recovery",
     "story_metrics",
     "uninstall_resilience_metrics",
@@ -312,3 +318,91 @@ def observe_recovery(seconds: float) -> None:
 
 def count_cancel_request(outcome: str) -> None:
     story_metrics().cancel_requests.labels(outcome).inc()
+
+
+# ------------------------------------------------------------------------------------------------- the model
+
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+"""The conventions' advised buckets for ``gen_ai.client.token.usage``."""
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+"""The conventions' advised buckets for ``gen_ai.client.operation.duration``."""
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True)
+class LlmMetrics:
+    token_usage: Histogram
+    duration: Histogram
+    time_to_first_token: Histogram
+    retries: Counter
+    retry_after_waited: Histogram
+    fallbacks: Counter
+    budget_stops: Counter
+    limiter_wait: Histogram
+    limiter_refusals: Counter
+
+
+_llm_hook_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def llm_metrics() -> LlmMetrics:
+    """Registered on first use; the service shell calls it at start-up, so every ``/metrics`` lists them from the
+    start (the dashboard's panels exist before the first model call)."""
+    model_labels = ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_response_model"]
+    metrics = LlmMetrics(
+        token_usage=Histogram(
+            "gen_ai_client_token_usage",
+            "Tokens per model call as the provider reported them (gen_ai.client.token.usage)",
+            [*model_labels, "gen_ai_token_type"],
+            buckets=TOKEN_BUCKETS,
+        ),
+        duration=Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "Duration of one model request (gen_ai.client.operation.duration)",
+            [*model_labels, "error_type"],
+            buckets=DURATION_BUCKETS,
+        ),
+        time_to_first_token=Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from a model request to its first streamed token",
+            ["gen_ai_operation_name", "gen_ai_request_model"],
+            buckets=DURATION_BUCKETS,
+        ),
+        retries=Counter("concierge_llm_retries", "Model requests retried, by the failure's code", ["model", "reason"]),
+        retry_after_waited=Histogram(
+            "concierge_llm_retry_after_waited_seconds",
+            "Waits a provider asked for (retry-after) and that were waited",
+            ["model"],
+            buckets=WAIT_BUCKETS,
+        ),
+        fallbacks=Counter(
+            "concierge_llm_fallbacks", "Model calls moved to another model", ["reason", "from_model", "to_model"]
+        ),
+        budget_stops=Counter(
+            "concierge_llm_budget_stops", "Model calls refused before they were made, by budget", ["budget"]
+        ),
+        limiter_wait=Histogram(
+            "concierge_llm_limiter_wait_seconds",
+            "Waits for the shared rate limiter's capacity before a model request",
+            ["model"],
+            buckets=WAIT_BUCKETS,
+        ),
+        limiter_refusals=Counter(
+            "concierge_llm_limiter_refusals", "Model requests refused: the limiter's wait did not fit", ["model"]
+        ),
+    )
+    with _llm_hook_lock:
+        add_hook(_count_retries)
+    return metrics
+
+
+def _count_retries(event: ResilienceEvent) -> None:
+    if not isinstance(event, RetryScheduled) or not event.service.startswith("llm_"):
+        return
+    metrics = llm_metrics()
+    error = event.error
+    model = getattr(error, "model", None) or event.service
+    metrics.retries.labels(model, str(getattr(error, "code", type(error).__name__))).inc()
+    if getattr(error, "retry_after", None) is not None:
+        metrics.retry_after_waited.labels(model).observe(event.delay)

@@ -343,3 +343,11 @@ class ReplicaCounts:
 
 replicas = ReplicaCounts()
 """The process's replica counts, one entry per client and node."""
+
+
+def connection_counts(client: Any) -> dict[str, int]:
+    """The open connections of ``client``'s pool: ``in_use``, ``idle`` (a Cluster client has no one pool: zeros)."""
+    pools = [client.connection_pool] if hasattr(client, "connection_pool") else []
+    in_use = sum(len(getattr(pool, "_in_use_connections", ())) for pool in pools)
+    idle = sum(len(getattr(pool, "_available_connections", ())) for pool in pools)
+    return {"in_use": in_use, "idle": idle, "open": in_use + idle}

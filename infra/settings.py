@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from domain.llm import PRIMARY_MODEL
 from infra.hosts import parse_allowed_hosts
 from infra.redis_url import parse_redis_url
 
@@ -78,9 +79,10 @@ class Settings(BaseSettings):
         validation_alias="BOOKING_MAX_IN_FLIGHT",
         ge=1,
         description=(
-            "Booking runs one booking-agent takes at once; beyond it POST /bookings answers 429 with Retry-After. "
-            "Unset: twice the narrowest outbound bulkhead every run goes through (search_agent and payment_api, 20 "
-            "slots: 40), so a run queued at a full bulkhead waits behind about one call, and at most half of "
+            "Set: a fixed cap of booking runs one booking-agent takes at once; beyond it POST /bookings answers 429 "
+            "with Retry-After. Unset: the door adapts to the runs' latency (docs/overload.md) up to the default cap, "
+            "twice the narrowest outbound bulkhead every run goes through (search_agent and payment_api, 20 slots: "
+            "40), so a run queued at a full bulkhead waits behind about one call, and at most half of "
             "REDIS_MAX_CONNECTIONS, since a run may hold two connections at once (its step's and its heartbeat's)."
         ),
     )
@@ -120,6 +122,64 @@ class Settings(BaseSettings):
         "sends. Unset: both derive one from CONCIERGE_SERVICE_SECRET (infra.auth.llm_api_key, docs/llm-api.md).",
     )
     recovery_worker_url: str = Field("http://127.0.0.1:8020", validation_alias="RECOVERY_WORKER_URL")
+    concierge_agent_url: str = Field("http://127.0.0.1:8003", validation_alias="CONCIERGE_AGENT_URL")
+
+    # the concierge (docs/concierge.md): how long a booking waits for the person's approval, and each turn's budget
+    approval_ttl_s: float = Field(
+        600.0,
+        validation_alias="APPROVAL_TTL_S",
+        gt=0,
+        description="How long a book_hotel approval stays open; a decision after it answers 409 approval_expired.",
+    )
+    concierge_turn_budget_s: float = Field(
+        120.0,
+        validation_alias="CONCIERGE_TURN_BUDGET_S",
+        gt=0,
+        description="The time budget of one chat turn (its model calls and tools), as BOOKING_BUDGET_S is a booking's.",
+    )
+
+    # the model (infra/llm, docs/model-dependency.md)
+    llm_base_url: str | None = Field(
+        None,
+        validation_alias="LLM_BASE_URL",
+        description="The model's OpenAI-compatible base URL as the OpenAI client takes it (…/v1); unset: the "
+        "simulator's, LLM_API_URL + /v1 (http://127.0.0.1:8012/v1).",
+    )
+    llm_model: str = Field(PRIMARY_MODEL, validation_alias="LLM_MODEL", min_length=1)
+    llm_timeout_s: float = Field(
+        60.0, validation_alias="LLM_TIMEOUT_S", gt=0, description="The longest one model call may take, whole."
+    )
+    llm_first_token_timeout_s: float = Field(
+        15.0,
+        validation_alias="LLM_FIRST_TOKEN_TIMEOUT_S",
+        gt=0,
+        description="The longest a model call may wait for its first token (a hung or queued model fails over sooner).",
+    )
+    llm_max_calls_per_turn: int = Field(8, validation_alias="LLM_MAX_CALLS_PER_TURN", ge=1)
+    llm_fallback_model: str | None = Field(
+        None,
+        validation_alias="LLM_FALLBACK_MODEL",
+        description="Asked when the primary's breaker is open, its retries are spent, a wait it asks for does not fit "
+        "the turn, or its stream breaks after it started; unset: no fallback.",
+    )
+    llm_fallback_base_url: str | None = Field(
+        None, validation_alias="LLM_FALLBACK_BASE_URL", description="The fallback's base URL; unset: LLM_BASE_URL's."
+    )
+    llm_turn_token_budget: int | None = Field(
+        None, validation_alias="LLM_TURN_TOKEN_BUDGET", ge=1, description="Tokens (in + out) one turn may spend."
+    )
+    llm_chat_token_budget: int | None = Field(
+        None, validation_alias="LLM_CHAT_TOKEN_BUDGET", ge=1, description="Tokens (in + out) one chat may spend."
+    )
+    llm_rpm: int | None = Field(
+        None,
+        validation_alias="LLM_RPM",
+        ge=1,
+        description="The provider's requests per minute, kept by one limiter in Redis for every replica together.",
+    )
+    llm_tpm: int | None = Field(
+        None, validation_alias="LLM_TPM", ge=1, description="The provider's tokens per minute (the same limiter)."
+    )
     instance_id: str | None = Field(None, validation_alias="CONCIERGE_INSTANCE_ID")
     allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
         (),

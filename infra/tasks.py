@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
-__all__ = ["bounded_step", "stop_task"]
+__all__ = ["bounded_step", "drain_tasks", "stop_task"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,30 @@ async def stop_task(
         logger.info("%s ended on its stop flag: its cancellation was lost on the way", what or task.get_name())
     _log_failure(task, what)
     return True
+
+
+async def drain_tasks(
+    tasks: Iterable[asyncio.Task[Any]], *, grace: float, what: str, cancelled_grace: float = 5.0
+) -> None:
+    """A service's SIGTERM: give its run tasks ``grace`` seconds to stop at a step boundary and hand their runs back,
+    then cancel the rest and wait ``cancelled_grace`` more (a cancelled run hands itself back); never hangs on one."""
+    pending = set(tasks)
+    if not pending:
+        return
+    logger.info("%s: draining %d run(s)", what, len(pending))
+    _done, pending = await asyncio.wait(pending, timeout=grace)
+    for task in pending:
+        task.cancel()
+    if pending:
+        _done, stuck = await asyncio.wait(pending, timeout=cancelled_grace)
+        if stuck:
+            logger.warning(
+                "%s: %d run task(s) did not end within %.0fs of their cancellation (%s); their leases will expire",
+                what,
+                len(stuck),
+                cancelled_grace,
+                ", ".join(sorted(task.get_name() for task in stuck)),
+            )
 
 
 async def bounded_step(step: Coroutine[Any, Any, object], *, within: float, what: str) -> bool:

@@ -21,6 +21,8 @@ Steps (any failure fails the check with its reason; the stack is torn down whate
 6. the CLI in a container: ``concierge book`` and ``concierge dlq list`` in recovery-worker, as the image's
    non-root user (exit 0, confirmed exactly once, nothing dead-lettered); every booking's checkpoints are in
    Postgres (DATABASE_URL), not in a container's SQLite file.
+   A conversation: ``concierge ask "..." --approve`` in concierge-agent's container (the model is llm-api, reached
+   through the compose file's LLM_BASE_URL): exit 0, one booking, confirmed exactly once.
 7. down: containers, volumes and networks (``down -v``, then anything left with the project's label), the network
    namespace; on success, on failure and on Ctrl-C alike.
 
@@ -70,7 +72,7 @@ STANDINS = REPO / "scripts" / "standins"
 OVERRIDE = REPO / "scripts" / "compose.check.yml"
 PROJECT = "concierge-check"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "concierge-compose-check"
-PROJECT_IMAGE = "concierge:local"  # docker-compose.yml's image for the six application services
+PROJECT_IMAGE = "concierge:local"  # docker-compose.yml's image for the application services
 
 # the Debian the stand-ins are made of
 SUITE = "bookworm"
@@ -101,10 +103,12 @@ APP_SERVICES = (
     "payment-agent",
     "booking-agent",
     "recovery-worker",
+    "concierge-agent",
     "console",
 )
 URLS = {
     "booking-agent": "http://127.0.0.1:8000",
+    "concierge-agent": "http://127.0.0.1:8003",
     "hotel-api": "http://127.0.0.1:8010",
     "payment-api": "http://127.0.0.1:8011",
     "recovery-worker": "http://127.0.0.1:8020",
@@ -1044,6 +1048,21 @@ class Check:
             raise CheckFailed(f"concierge dlq list in recovery-worker (as {user}): {dlq.stdout}{dlq.stderr}")
         log(f"concierge dlq list in recovery-worker, as {user}: no booking dead-lettered")
 
+    def conversation_in_a_container(self) -> None:
+        """The README's one conversation, `concierge ask "..." --approve`, in concierge-agent's container."""
+        checkin = (dt.date.today() + dt.timedelta(days=95)).isoformat()
+        text = f"Book the cheapest hotel in Lisbon from {checkin} for 2 nights for two"
+        ask = self.engine.exec("concierge-agent", "concierge", "ask", text, "--approve", check=False)
+        booked = re.findall(r"booking ([0-9a-f]{32}): (\w+)", ask.stdout)
+        if ask.returncode != 0 or not booked:
+            raise CheckFailed(f"concierge ask in concierge-agent exited {ask.returncode}: {ask.stdout}{ask.stderr}")
+        booking_id, status = booked[-1]
+        if status != "confirmed":
+            raise CheckFailed(f"concierge ask: booking {booking_id} {status}: {ask.stdout}")
+        self.booked.append(booking_id)
+        self.assert_exactly_once(booking_id, self.wait_final(booking_id))
+        log(f"concierge ask --approve in concierge-agent: exit 0, {booking_id} confirmed once")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -1102,6 +1121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check.stop_mid_booking()
         with check.step("the CLI in a container"):
             check.cli_in_a_container()
+        with check.step("a conversation in a container"):
+            check.conversation_in_a_container()
         with check.step("checkpoints in Postgres"):
             check.checkpoints_in_postgres()
         ok = True

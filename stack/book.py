@@ -7,16 +7,20 @@ Posts to the booking-agent with an ``Idempotency-Key``, so retrying the POST aft
 restarting) never books twice, then follows the booking's journal (``GET /bookings/{id}/events``, SSE) and prints
 every status (pending → searching → reserving → paying → confirming → confirmed) with the story between them: an
 owner lost, the recovery worker resuming, a provider replaying a call instead of acting twice. A booking-agent that is down for a moment
-(killed, restarting) is waited for, on any of its replicas. Exit 0 only when the booking is confirmed.
+(killed, restarting) is waited for, on any of its replicas, and meanwhile the story goes on from the journal in
+Redis (the stack's, as the console reads it): the owner lost, the recovery worker resuming, the outcome, each as it is
+written. Every line shows the entry's own time since the command started (``+1.91 s``), not the time it was printed.
+Exit 0 only when the booking is confirmed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 import uuid
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -29,19 +33,29 @@ from domain.booking import (
     check_checkin,
     parse_iso_date,
 )
+from infra.journal import journal_key, parse_entries
+from infra.redis import create_sync_redis
 from infra.settings import get_settings
-from stack.console import EXIT_FAILURE, EXIT_OK, Subparsers, one_line_errors, stack_paths
-from stack.control import supervisor_running
+from stack.console import EXIT_FAILURE, EXIT_OK, Subparsers, one_line_errors
 from stack.errors import StackError, UsageError
 from stack.journal import STATUS_OF_STEP, describe, is_final, sse_entries, story_worthy
-from stack.state import read_state
+from stack.target import adopt_stack_redis, refusal, service_urls
 
-__all__ = ["booking_agent_urls", "booking_body", "register_book", "register_cancel", "steps_between"]
+__all__ = [
+    "JournalInRedis",
+    "booking_agent_urls",
+    "booking_body",
+    "entry_offset",
+    "register_book",
+    "register_cancel",
+    "steps_between",
+]
 
 # Steps take tens of milliseconds: poll fast while things move, slower while a step waits (a slow provider).
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.25
 REQUEST_TIMEOUT_S = 5.0
+REDIS_TIMEOUT_S = 2.0
 STREAM_READ_TIMEOUT_S = 40.0
 """The journal stream sends a keep-alive every 15 s: this long without a byte means the connection is dead."""
 
@@ -104,35 +118,7 @@ def steps_between(previous: str | None, current: str) -> list[str]:
 
 
 def booking_agent_urls(explicit: str | None) -> list[str]:
-    if explicit:
-        return [explicit.rstrip("/")]
-    paths = stack_paths()
-    if supervisor_running(paths):
-        state = read_state(paths)
-        if state is not None:
-            urls = [i.url for i in state.instances if i.service == "booking-agent"]
-            if urls:
-                return urls
-    # no local stack: a compose stack publishes the booking-agent where the settings expect it
-    return [get_settings().booking_agent_url.rstrip("/")]
-
-
-def _refusal(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code}: {response.text[:200]}"
-    detail = body.get("detail") if isinstance(body, dict) else None
-    if isinstance(detail, list):
-        parts = []
-        for item in detail:
-            loc = [str(p) for p in item.get("loc", ()) if p not in ("body", "header")]
-            parts.append(f"{'.'.join(loc) or 'request'}: {item.get('msg')}")
-        return "; ".join(parts)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error = body["error"]
-        return f"{error.get('code')}: {error.get('message', '')}".rstrip(": ")
-    return f"HTTP {response.status_code}: {detail or body}"
+    return service_urls("booking-agent", explicit, get_settings().booking_agent_url)
 
 
 class _Client:
@@ -144,6 +130,9 @@ class _Client:
         self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S)
         self.index = 0
         self._warned = False
+        self.started_at = time.time()
+        """When the command started (epoch): every line's ``+s`` is from here."""
+        self.journal = JournalInRedis()
 
     def wait_a_moment(self, problem: str) -> None:
         """After a failure: say so once, move to the next replica, pause a little."""
@@ -170,6 +159,45 @@ class _Client:
             self.wait_a_moment(problem)
 
 
+class JournalInRedis:
+    """A booking's journal read straight from Redis, for while no booking-agent answers (the console does the same).
+
+    The stack's Redis and key prefix (``adopt_stack_redis``), else ``REDIS_URL``; connected on first use. Any Redis
+    trouble reads as "nothing new": the stream, once booking-agent is back, tells the rest.
+    """
+
+    def __init__(self) -> None:
+        self._client: Any = None
+
+    def after(self, booking_id: str, last_id: str | None) -> list[dict[str, Any]]:
+        try:
+            if self._client is None:
+                adopt_stack_redis()
+                self._client = create_sync_redis(
+                    get_settings().redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+                )
+            start = "-" if last_id is None else f"({last_id}"
+            return parse_entries(self._client.xrange(journal_key(booking_id), min=start, max="+", count=100))
+        except Exception:
+            return []
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+
+
+def entry_offset(entry: dict[str, Any], started_at: float) -> float | None:
+    """Seconds from ``started_at`` (epoch) to the entry's own time (``at``), or None when it has none."""
+    at = entry.get("at")
+    if not isinstance(at, str):
+        return None
+    try:
+        return datetime.fromisoformat(at).timestamp() - started_at
+    except ValueError:
+        return None
+
+
 @one_line_errors("book")
 def _book(args: argparse.Namespace) -> int:
     body = booking_body(args)
@@ -179,6 +207,7 @@ def _book(args: argparse.Namespace) -> int:
         return _follow(client, body, started, args.timeout)
     finally:
         client.http.close()
+        client.journal.close()
 
 
 def _follow_story(client: _Client, booking_id: str, started: float, timeout: float) -> bool:
@@ -187,7 +216,8 @@ def _follow_story(client: _Client, booking_id: str, started: float, timeout: flo
     Each step prints its status as it starts (the lines ``book`` always printed), and the story between them:
     a lost owner, the queue, the resume, a replayed call, retries, compensation. A dropped stream (the
     booking-agent was killed) is opened again on any replica after the last entry seen (``Last-Event-ID``), so
-    nothing is missed or printed twice. False when the booking-agent has no journal stream (404/405).
+    nothing is missed or printed twice; while none answers, what is written meanwhile is read from Redis. False
+    when the booking-agent has no journal stream (404/405).
     """
     last_id: str | None = None
     shown: set[str] = set()
@@ -207,7 +237,7 @@ def _follow_story(client: _Client, booking_id: str, started: float, timeout: flo
                 if response.status_code == 200:
                     for entry in sse_entries(response.iter_lines()):
                         last_id = str(entry.get("id"))
-                        _tell(entry, started, shown)
+                        _tell(entry, client.started_at, shown)
                         if is_final(entry):
                             return True
                     problem = f"{url} ended the stream early"
@@ -215,13 +245,20 @@ def _follow_story(client: _Client, booking_id: str, started: float, timeout: flo
                     problem = f"{url} answered {response.status_code}"
         except httpx.TransportError as exc:
             problem = f"{url} unreachable ({type(exc).__name__})"
+        # nobody streams it: the story goes on from Redis, as the others write it (the recovery worker's resume...)
+        for entry in client.journal.after(booking_id, last_id):
+            last_id = str(entry.get("id"))
+            _tell(entry, client.started_at, shown)
+            if is_final(entry):
+                return True
         if time.monotonic() - started > timeout:
             raise StackError(f"booking {booking_id} not final after {timeout:g}s (booking-agent {problem})")
-        client.wait_a_moment(problem)
+        client.wait_a_moment(f"{problem}; following the journal in Redis")
 
 
-def _tell(entry: dict[str, Any], started: float, shown: set[str]) -> None:
-    elapsed = f"{time.monotonic() - started:6.2f}s"
+def _tell(entry: dict[str, Any], started_at: float, shown: set[str]) -> None:
+    offset = entry_offset(entry, started_at)
+    elapsed = f"{'+' + format(time.time() - started_at if offset is None else offset, '.2f'):>7} s"
     kind = entry.get("kind")
     status = "pending" if kind == JournalKind.ACCEPTED else None
     if kind == JournalKind.STEP_STARTED:
@@ -251,7 +288,7 @@ def _poll_statuses(client: _Client, booking_id: str, started: float, timeout: fl
             if seen in FINAL_BOOKING_STATUSES:
                 return
         elif response.status_code != 404:  # 404: a replica that has not seen the record yet
-            raise StackError(f"could not read booking {booking_id}: {_refusal(response)}")
+            raise StackError(f"could not read booking {booking_id}: {refusal(response)}")
         if time.monotonic() - started > timeout:
             raise StackError(f"booking {booking_id} still {seen} after {timeout:g}s")
         time.sleep(interval)
@@ -275,7 +312,7 @@ def _follow(client: _Client, body: dict[str, Any], started: float, timeout: floa
     if response.status_code in (502, 503, 504):
         response = client.request("POST", "/bookings", json=body, headers=headers)
     if response.status_code != 202:
-        raise StackError(f"booking refused: {_refusal(response)}")
+        raise StackError(f"booking refused: {refusal(response)}")
     booking_id = response.json()["booking_id"]
     print(
         f"booking {booking_id}: {body['city']} {body['checkin']} → {body['checkout']}, "
@@ -286,7 +323,7 @@ def _follow(client: _Client, body: dict[str, Any], started: float, timeout: floa
         _poll_statuses(client, booking_id, started, timeout)  # a booking-agent without the journal stream
     response = client.request("GET", f"/bookings/{booking_id}")
     if response.status_code != 200:
-        raise StackError(f"could not read booking {booking_id}: {_refusal(response)}")
+        raise StackError(f"could not read booking {booking_id}: {refusal(response)}")
     booking: dict[str, Any] = response.json()
     seen = str(booking.get("status"))
     if seen == "confirmed":
@@ -334,7 +371,7 @@ def _cancel(args: argparse.Namespace) -> int:
         if response.status_code == 404:
             raise StackError(f"no booking {booking_id}")
         if response.status_code not in (200, 202):
-            raise StackError(_refusal(response))
+            raise StackError(refusal(response))
         booking = response.json()
         if response.status_code == 200:
             print(f"booking {booking_id}: cancelled")
@@ -348,7 +385,7 @@ def _cancel(args: argparse.Namespace) -> int:
                 raise StackError(f"booking {booking_id} still {booking.get('status')} after {args.timeout:g}s")
             answer = client.request("GET", f"/bookings/{booking_id}", params={"wait": min(left, 20)})
             if answer.status_code != 200:
-                raise StackError(f"could not read booking {booking_id}: {_refusal(answer)}")
+                raise StackError(f"could not read booking {booking_id}: {refusal(answer)}")
             booking = answer.json()
             if booking.get("status") in FINAL_BOOKING_STATUSES:
                 break

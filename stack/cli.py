@@ -22,6 +22,9 @@ from infra.auth import MissingSecretError, service_secret
 from infra.settings import get_settings
 from stack.book import register_book, register_cancel
 from stack.bookings import register_bookings, register_show
+from stack.chaos import register_chaos
+from stack.chat import register_ask, register_chat
+from stack.demo import register_demo
 from stack.dlq import register_dlq, register_recovery
 from stack.down import register_down
 from stack.ops import register_fault, register_kill, register_start, register_stop
@@ -116,6 +119,8 @@ COMMANDS: list[Registrar] = [
     register_status,
     register_book,
     register_cancel,
+    register_ask,
+    register_chat,
     register_show,
     register_bookings,
     register_kill,
@@ -125,6 +130,8 @@ COMMANDS: list[Registrar] = [
     register_dlq,
     register_recovery,
     register_verify,
+    register_chaos,
+    register_demo,
 ]
 
 

@@ -86,6 +86,8 @@ def describe(entry: Mapping[str, Any]) -> str:
             return f"{get('dependency')}: attempt {get('attempt')} failed ({get('error')}); retry in {get('delay_s')} s"
         case JournalKind.CIRCUIT_REJECTED:
             return f"{get('dependency')}: circuit {get('state')}, call refused"
+        case JournalKind.PAUSED:
+            return f"waiting out {get('dependency')} for {get('wait_s')} s (pause {get('attempt')}), then again"
         case JournalKind.OWNER_LOST:
             if get("reason") == "presence gone":  # its Redis connection closed, or its instance lease ran out
                 return f"{get('owner')} lost (presence gone), noticed by {get('noticed_by')}"

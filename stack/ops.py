@@ -4,7 +4,7 @@
 ``--no-restart``); ``stop`` is a graceful stop (SIGTERM) that holds the instance down; ``start`` brings a stopped
 instance back and waits until it is ready. A name selects every replica (``booking-agent``) or one
 (``booking-agent:2``). ``fault`` drives a simulated provider's ``/admin/faults`` (llm-api's options:
-``stack.llm_faults``): the local stack's, or, with none running, the one ``HOTEL_API_URL``/``PAYMENT_API_URL``/
+``stack.llm_faults``; search-agent's, ``agents.search_faults``: ``--latency`` and ``--hang`` only): the local stack's, or, with none running, the one ``HOTEL_API_URL``/``PAYMENT_API_URL``/
 ``LLM_API_URL`` name (where docker-compose publishes them). It presents the
 admin token of the local stack (``<data dir>/secrets.json``), or ``CONCIERGE_ADMIN_TOKEN`` for any other provider.
 """
@@ -27,7 +27,7 @@ from stack.target import admin_token, provider_url
 
 __all__ = ["FAULTY_SERVICES", "fault_body", "register_fault", "register_kill", "register_start", "register_stop"]
 
-FAULTY_SERVICES = ("hotel-api", "payment-api", "llm-api")
+FAULTY_SERVICES = ("hotel-api", "payment-api", "llm-api", "search-agent")
 
 
 def _check_target(target: str) -> None:
@@ -92,7 +92,7 @@ def _start(args: argparse.Namespace) -> int:
 def register_fault(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "fault",
-        help="inject latency, errors or hangs into hotel-api, payment-api or llm-api",
+        help="inject latency, errors or hangs into hotel-api, payment-api, llm-api or search-agent",
         description="Without options: show the provider's current faults. Options replace them all (llm-api: "
         "those of --model, or of every model).",
     )
@@ -152,6 +152,10 @@ def _fault(args: argparse.Namespace) -> int:
         if foreign:
             raise UsageError(f"{foreign[0]} is an llm-api option; {args.service} takes --latency, --error-rate, --hang")
         body, model = fault_body(args), None
+        if args.service == "search-agent" and body is not None:
+            if args.error_rate is not None:
+                raise UsageError("search-agent takes --latency and --hang, not --error-rate")
+            body.pop("error_rate")
     if args.clear and body is not None:
         raise UsageError("--clear cannot be combined with other fault options")
     base, guessed = provider_url(args.service, args.url)

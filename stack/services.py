@@ -47,6 +47,7 @@ SERVICES: Mapping[str, ServiceSpec] = MappingProxyType(
             ServiceSpec("payment-agent", "agents.payment:app", 8002, "PAYMENT_AGENT_URL"),
             ServiceSpec("booking-agent", "agents.booking:app", 8000, "BOOKING_AGENT_URL"),
             ServiceSpec("recovery-worker", "agents.recovery_worker:app", 8020, "RECOVERY_WORKER_URL"),
+            ServiceSpec("concierge-agent", "agents.concierge:app", 8003, "CONCIERGE_AGENT_URL"),
             # last: it watches the others (and drives them through the supervisor when ``concierge up`` runs it)
             ServiceSpec("console", "stack.webconsole:app", 8090, "CONSOLE_URL"),
         )

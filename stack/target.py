@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import httpx
+
 from infra.auth import admin_token as admin_token_from_env
 from infra.settings import get_settings
 from stack.console import stack_paths
@@ -16,7 +18,7 @@ from stack.control import supervisor_running
 from stack.errors import StackError
 from stack.state import StackState, read_secrets, read_state
 
-__all__ = ["admin_token", "adopt_stack_redis", "provider_url", "running_stack"]
+__all__ = ["admin_token", "adopt_stack_redis", "provider_url", "refusal", "running_stack", "service_urls"]
 
 
 def running_stack() -> StackState | None:
@@ -43,6 +45,35 @@ def adopt_stack_redis() -> str | None:
     return f"the running stack's ({state.data_dir})"
 
 
+def service_urls(service: str, explicit: str | None, configured: str) -> list[str]:
+    """``--url``, else every replica of ``service`` in the running stack, else ``configured`` (the settings' URL:
+    a compose stack publishes the service where the settings expect it)."""
+    if explicit:
+        return [explicit.rstrip("/")]
+    state = running_stack()
+    urls = [i.url for i in state.instances if i.service == service] if state is not None else []
+    return urls or [configured.rstrip("/")]
+
+
+def refusal(response: httpx.Response) -> str:
+    """An error answer in one line: the fields a 422 names, or the error table's ``code: message``."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            loc = [str(p) for p in item.get("loc", ()) if p not in ("body", "header", "path", "query")]
+            parts.append(f"{'.'.join(loc) or 'request'}: {item.get('msg')}")
+        return "; ".join(parts)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        return f"{error.get('code')}: {error.get('message', '')}".rstrip(": ")
+    return f"HTTP {response.status_code}: {detail or body}"
+
+
 def provider_url(service: str, explicit: str | None) -> tuple[str, bool]:
     """The provider's URL, and whether it is only a guess (no local stack: the settings' URL, as compose uses)."""
     if explicit:
@@ -54,6 +85,7 @@ def provider_url(service: str, explicit: str | None) -> tuple[str, bool]:
             "hotel-api": settings.hotel_api_url,
             "payment-api": settings.payment_api_url,
             "llm-api": settings.llm_api_url,
+            "search-agent": settings.search_agent_url,
         }[service]
         return guess.rstrip("/"), True
     for instance in state.instances:

@@ -27,7 +27,7 @@ from stack.console import Subparsers
 from stack.dlq import EXIT_FAILURE, EXIT_OK, CommandError, redis_command
 from stack.target import admin_token, provider_url
 
-__all__ = ["Disagreement", "disagreements", "register_verify"]
+__all__ = ["Disagreement", "check_ledgers", "disagreements", "register_verify"]
 
 _SCAN_BATCH = 500
 _HTTP_TIMEOUT_S = 10.0
@@ -115,12 +115,19 @@ async def _ledger(http: httpx.AsyncClient, service: str, explicit: str | None, e
     return list(response.json()[entries])
 
 
-async def _verify(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:
+async def check_ledgers(
+    redis: Redis, hotel_api: str | None = None, payment_api: str | None = None
+) -> tuple[dict[str, str], list[Disagreement]]:
+    """Every booking's status and what the ledgers say against them (``CommandError`` for a ledger out of reach)."""
     bookings = await _booking_statuses(redis)
     async with httpx.AsyncClient(timeout=_HTTP_TIMEOUT_S) as http:
-        reservations = await _ledger(http, "hotel-api", args.hotel_api, "reservations")
-        charges = await _ledger(http, "payment-api", args.payment_api, "charges")
-    found = disagreements(bookings, reservations, charges)
+        reservations = await _ledger(http, "hotel-api", hotel_api, "reservations")
+        charges = await _ledger(http, "payment-api", payment_api, "charges")
+    return bookings, disagreements(bookings, reservations, charges)
+
+
+async def _verify(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:
+    bookings, found = await check_ledgers(redis, args.hotel_api, args.payment_api)
     counts = Counter(status if status in FINAL_BOOKING_STATUSES else "in flight" for status in bookings.values())
     if args.json:
         out.write(json.dumps({"bookings": dict(counts), "disagreements": [asdict(d) for d in found]}, indent=2) + "\n")

@@ -28,6 +28,15 @@ TEST_SERVICE_SECRET = "test-service-secret-" + "0123456789abcdef" * 2
 TEST_ADMIN_TOKEN = "test-admin-token"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``make test``'s workers (``-n 2 --dist loadgroup``) a file's tests stay on one worker: its module-scoped
+    stack starts once, and its tests run in their written order."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 def unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required service unavailable in CI: {reason}")

@@ -42,6 +42,7 @@ URL_ENV = {
     "payment-agent": "PAYMENT_AGENT_URL",
     "booking-agent": "BOOKING_AGENT_URL",
     "recovery-worker": "RECOVERY_WORKER_URL",
+    "concierge-agent": "CONCIERGE_AGENT_URL",
 }
 TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -43,7 +43,7 @@ from infra.a2a.errors import (
     A2AUnavailableError,
 )
 from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH, data_part, first_data
-from infra.http import create_http_client
+from infra.http import create_http_client, never_connected
 from infra.journal import note
 from resilience.budget import remaining_budget
 from resilience.errors import (
@@ -127,15 +127,18 @@ class A2AClient:
             async with scope:
                 return await self._transport.send_message(request)
         except TimeoutError as exc:
+            sent = not never_connected(exc)
             if isinstance(exc, BudgetExhaustedError) or scope.expired():
-                raise A2ATimeoutError(f"{skill} on {self._base_url}: {exc or 'budget exhausted'}") from exc
-            raise A2AUnavailableError(f"{skill} on {self._base_url}: {exc!r}") from exc
+                raise A2ATimeoutError(f"{skill} on {self._base_url}: {exc or 'budget exhausted'}", sent=sent) from exc
+            raise A2AUnavailableError(f"{skill} on {self._base_url}: {exc!r}", sent=sent) from exc
         except A2AClientTimeoutError as exc:
-            raise A2ATimeoutError(f"{skill} on {self._base_url}: no answer within the budget") from exc
+            raise A2ATimeoutError(
+                f"{skill} on {self._base_url}: no answer within the budget", sent=not never_connected(exc)
+            ) from exc
         except SdkA2AError as exc:
             _raise_transport_error(f"{skill} on {self._base_url}", exc)
         except httpx.HTTPError as exc:
-            raise A2AUnavailableError(f"{skill} on {self._base_url}: {exc!r}") from exc
+            raise A2AUnavailableError(f"{skill} on {self._base_url}: {exc!r}", sent=not never_connected(exc)) from exc
 
     async def agent_card(self) -> dict[str, Any]:
         """The peer's agent card as served (JSON)."""
@@ -196,7 +199,7 @@ def _raise_transport_error(where: str, exc: SdkA2AError) -> NoReturn:
         _raise_for_status(where, cause.response, exc)
     if isinstance(exc, A2AClientError | SdkInternalError | SdkInvalidAgentResponseError):
         # connection refused/reset, unreadable or non-JSON-RPC replies, a crash inside the peer's A2A stack
-        raise A2AUnavailableError(f"{where}: {exc}") from exc
+        raise A2AUnavailableError(f"{where}: {exc}", sent=not never_connected(exc)) from exc
     raise A2AProtocolError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 

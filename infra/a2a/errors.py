@@ -32,14 +32,16 @@ from resilience.errors import (
 
 
 class A2AError(Exception):
-    """A call to another agent produced no result."""
+    """A call to another agent produced no result. ``sent`` is False only when the request never left (no
+    connection opened): the peer cannot have acted on it."""
 
     default_code = "a2a_error"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, sent: bool = True) -> None:
         super().__init__(message)
         self.message = message
         self.code = code or self.default_code
+        self.sent = sent
 
 
 class A2AUnavailableError(A2AError):
@@ -74,7 +76,8 @@ class A2ASkillError(A2AError, NonRetryableError):
     """The remote skill failed with a business error; ``code`` says which (e.g. ``payment_declined``)."""
 
     def __init__(self, code: str, message: str, data: dict[str, Any] | None = None) -> None:
-        super().__init__(message, code=code)
+        # the peer says whether its own requests may have reached its provider (``sent``, see skill_failure_from)
+        super().__init__(message, code=code, sent=not (isinstance(data, dict) and data.get("sent") is False))
         self.data = data
 
 

@@ -119,7 +119,9 @@ class Skill:
 
     Both ``input`` and the result are JSON-compatible dicts. ``inputs`` names the fields of ``input`` (``?``:
     optional), told to a client that sent text instead. ``callers`` names the services allowed to call it (by the
-    verified ``iss`` of their token); ``None``: any service of the deployment.
+    verified ``iss`` of their token); ``None``: any service of the deployment. ``text``: the skill takes plain text
+    (the concierge's conversation): a message with no data part runs it with ``{"text", "context_id"}``, and its
+    result's ``text`` (if any) is also answered as a text part. At most one skill of an agent takes text.
     """
 
     id: str
@@ -129,6 +131,7 @@ class Skill:
     tags: tuple[str, ...] = ()
     callers: Collection[str] | None = None
     inputs: tuple[str, ...] = ()
+    text: bool = False
 
     def __post_init__(self) -> None:
         if self.callers is not None:
@@ -195,7 +198,10 @@ class _SkillExecutor(AgentExecutor):
             await updater.update_status(TaskState.TASK_STATE_WORKING)
 
         async def progress(data: dict[str, Any]) -> None:
-            message = updater.new_agent_message([data_part(data)])
+            # a text skill's words (the concierge's tokens) go as text too, for a client that reads only text
+            said = data.get("text")
+            parts = [Part(text=said), data_part(data)] if isinstance(said, str) and said else [data_part(data)]
+            message = updater.new_agent_message(parts)
             await updater.update_status(TaskState.TASK_STATE_WORKING, message)
 
         # a skill that has progress to tell (``report_progress``) streams it as working updates on this path
@@ -212,10 +218,29 @@ class _SkillExecutor(AgentExecutor):
     async def run_task(self, message: Message | None, task_id: str, context_id: str) -> Task:
         """The skill named in ``message``, run to its ``Task`` (never raising): completed or failed; waiting for
         input when the message has no data part at all (text from a client that does not know our wire format)."""
+        texter = next((s for s in self._skills.values() if s.text), None)
         if message is None or not any(part.HasField("data") for part in message.parts):
-            return _agent_task(task_id, context_id, TaskState.TASK_STATE_INPUT_REQUIRED, self._data_wanted())
+            if texter is None or message is None or not any(part.text for part in message.parts):
+                return _agent_task(task_id, context_id, TaskState.TASK_STATE_INPUT_REQUIRED, self._data_wanted())
+            said = "\n".join(part.text for part in message.parts if part.text)
+            message = Message(
+                role=message.role,
+                message_id=message.message_id,
+                parts=[data_part({"skill": texter.id, "input": {"text": said, "context_id": context_id}})],
+            )
+        elif texter is not None:
+            request = first_data(message.parts)
+            if (
+                isinstance(request, dict)
+                and request.get("skill") == texter.id
+                and isinstance(request.get("input"), dict)
+            ):
+                request["input"].setdefault("context_id", context_id)
+                message = Message(role=message.role, message_id=message.message_id, parts=[data_part(request)])
         try:
             result = await self._run(message)
+            if texter is not None and isinstance(result.get("text"), str):
+                return _completed_task(task_id, context_id, result, text=result["text"])
             return _completed_task(task_id, context_id, result)
         except asyncio.CancelledError:
             raise
@@ -367,8 +392,9 @@ def _now_status(state: TaskState, message: Message | None = None) -> TaskStatus:
     return status
 
 
-def _completed_task(task_id: str, context_id: str, result: dict[str, Any]) -> Task:
-    artifact = Artifact(artifact_id=uuid.uuid4().hex, name=RESULT_ARTIFACT, parts=[data_part(result)])
+def _completed_task(task_id: str, context_id: str, result: dict[str, Any], *, text: str | None = None) -> Task:
+    parts = [data_part(result)] if text is None else [Part(text=text), data_part(result)]
+    artifact = Artifact(artifact_id=uuid.uuid4().hex, name=RESULT_ARTIFACT, parts=parts)
     return Task(
         id=task_id, context_id=context_id, status=_now_status(TaskState.TASK_STATE_COMPLETED), artifacts=[artifact]
     )
@@ -422,8 +448,8 @@ def _agent_card(
                 description=s.description,
                 # the spec requires at least one tag
                 tags=list(s.tags) or [s.id],
-                input_modes=json_mode,
-                output_modes=json_mode,
+                input_modes=["text/plain", *json_mode] if s.text else json_mode,
+                output_modes=["text/plain", *json_mode] if s.text else json_mode,
             )
             for s in skills
         ],

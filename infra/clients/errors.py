@@ -42,7 +42,8 @@ __all__ = [
 
 class ProviderError(Exception):
     """Base class. ``provider`` and ``status_code`` are ``None`` when unknown (e.g. no answer at all);
-    ``code`` is the provider's ``error`` string and ``body`` its decoded JSON answer."""
+    ``code`` is the provider's ``error`` string and ``body`` its decoded JSON answer; ``sent`` is False only when the
+    request never left (no connection opened): the provider cannot have acted on it."""
 
     def __init__(
         self,
@@ -52,9 +53,11 @@ class ProviderError(Exception):
         status_code: int | None = None,
         code: str | None = None,
         body: Mapping[str, Any] | None = None,
+        sent: bool = True,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.sent = sent
         self.provider = provider
         self.status_code = status_code
         self.code = code

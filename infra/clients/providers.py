@@ -37,7 +37,7 @@ from infra.clients.errors import (
     ProviderUnavailableError,
 )
 from infra.clients.wire import IDEMPOTENCY_HEADER, REPLAYED_HEADER, error_fields
-from infra.http import create_http_client
+from infra.http import create_http_client, never_connected
 from infra.journal import note
 from infra.metrics import count_duplicate_prevented
 from infra.settings import get_settings
@@ -103,9 +103,13 @@ class _ProviderClient:
             self._raise_for_answer(what, exc.response, exc)
         except httpx.TimeoutException as exc:
             self._raise_if_budget_spent(what, exc)
-            raise ProviderUnavailableError(f"{what}: timed out ({type(exc).__name__})", provider=self.provider) from exc
+            raise ProviderUnavailableError(
+                f"{what}: timed out ({type(exc).__name__})", provider=self.provider, sent=not never_connected(exc)
+            ) from exc
         except httpx.HTTPError as exc:
-            raise ProviderUnavailableError(f"{what}: {type(exc).__name__}: {exc}", provider=self.provider) from exc
+            raise ProviderUnavailableError(
+                f"{what}: {type(exc).__name__}: {exc}", provider=self.provider, sent=not never_connected(exc)
+            ) from exc
         except ValueError as exc:  # a 2xx whose body is not JSON: the provider is misbehaving
             raise ProviderUnavailableError(f"{what}: answer is not JSON", provider=self.provider) from exc
         finally:

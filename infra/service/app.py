@@ -36,7 +36,7 @@ from infra.error_table import TABLE, answer_for, answer_response
 from infra.gc_tuning import service_gc
 from infra.journal import JournalWriter, install_writer, resilience_hook
 from infra.journal import flush as journal_flush
-from infra.metrics import install_resilience_metrics, story_metrics
+from infra.metrics import install_resilience_metrics, llm_metrics, story_metrics
 from infra.redis import create_redis
 from infra.service.health import READY_CHECK_TIMEOUT_S, ReadyCheck, install_health_routes
 from infra.service.logs import configure_logging
@@ -50,7 +50,9 @@ from infra.service.middleware import (
 )
 from infra.service.openapi import install_openapi
 from infra.service.state import ServiceInfo
+from infra.service.vitals import Vitals
 from infra.settings import get_settings
+from infra.signals import Stopping, on_terminate
 from infra.tasks import bounded_step
 from infra.telemetry import configure_telemetry, shutdown_telemetry
 from resilience import (
@@ -158,6 +160,7 @@ def _apply_circuit_overrides(overrides: Mapping[str, Mapping[str, float]]) -> No
             success_threshold=_opt_int(fields.get("success_threshold")),
             recovery_timeout=fields.get("recovery_timeout"),
             half_open_max_calls=_opt_int(fields.get("half_open_max_calls")),
+            initial_recovery_timeout=fields.get("initial_recovery_timeout"),
         )
         logger.info("circuit %s configured from CONCIERGE_CIRCUITS: %s", name, dict(fields))
 
@@ -197,19 +200,25 @@ def create_service_app(
         budget_defaults = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
         install_resilience_metrics()
         story_metrics()
+        llm_metrics()
         _apply_circuit_overrides(settings.circuit_overrides)
         app.state.service = ServiceInfo(service_name, _instance_id(), time.monotonic())
         redis = create_redis(settings.redis_url)
         app.state.redis = redis
+        vitals = app.state.vitals = Vitals(redis)
         previous_writer = install_writer(JournalWriter(redis, app.state.service.instance_id))
         add_hook(resilience_hook)
         _install_task_dump()
         logger.info("%s starting (instance %s)", service_name, app.state.service.instance_id)
+        stopping = app.state.stopping = Stopping()
         try:
-            with service_gc(settings.gc_gen0_threshold) as after_startup:
-                async with contextlib.nullcontext() if lifespan is None else lifespan(app):
+            # SIGTERM sets ``stopping`` before uvicorn starts waiting for open requests: long-polls and streams
+            # answer what they hold at once (docs/liveness.md); the service's own lifespan chains its handler inside
+            with service_gc(settings.gc_gen0_threshold) as after_startup, on_terminate(stopping.set):
+                async with vitals.running(), contextlib.nullcontext() if lifespan is None else lifespan(app):
                     after_startup()
                     yield
+                    stopping.set()  # stopped without a signal (in process, tests): the same answers
         finally:
             try:
                 # every step bounded and named in the log if it overruns: a stop must never hang the process
@@ -227,6 +236,7 @@ def create_service_app(
     fastapi_kwargs.setdefault("telemetry", _telemetry())
     app = FastAPI(lifespan=shell_lifespan, **fastapi_kwargs)
     app.state.service = ServiceInfo(service_name, f"{socket.gethostname()}-{os.getpid()}", time.monotonic())
+    app.state.stopping = Stopping()
     # add_middleware prepends: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(BudgetMiddleware)

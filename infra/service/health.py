@@ -69,6 +69,7 @@ def install_health_routes(app: FastAPI, checks: Mapping[str, ReadyCheck], ready_
             "service": info.name,
             "instance_id": info.instance_id,
             "uptime_s": round(time.monotonic() - info.started_at, 3),
+            **({"vitals": vitals.snapshot()} if (vitals := getattr(request.app.state, "vitals", None)) else {}),
         }
 
     @app.get("/health/ready", tags=["health"], responses=_READY_RESPONSES)

@@ -13,6 +13,7 @@ check has already made one of the console's own names (``docs/service-shell.md``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -25,10 +26,10 @@ from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
 import httpx
-from fastapi import FastAPI, Header, HTTPException, Path, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from domain.booking import MAX_NIGHTS, check_checkin
@@ -44,6 +45,8 @@ from stack.control import call, supervisor_running
 from stack.errors import ConsoleForbiddenError, ConsoleRefusedError, StackError
 from stack.services import SERVICES
 from stack.state import StackPaths, read_state
+from stack.webconsole.chaos import ChaosRunner, add_chaos_routes
+from stack.webconsole.demo import DemoRunner
 
 __all__ = ["FINAL_KINDS", "OVERVIEW_INTERVAL_S", "create_app"]
 
@@ -65,6 +68,13 @@ CONSOLE_HEADER = "X-Concierge-Console"
 and the console answers no preflight."""
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BookingId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+ChatId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+ApprovalId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+MAX_CHAT_TEXT = 8 * 1024
+"""concierge-agent's own bound on a message (bytes of UTF-8)."""
+PAYMENT_TOKEN_PATTERN = r"^tok_[A-Za-z0-9_]+$"
+CHATS_SHOWN = 25
+MAX_CHAT_WAIT_S = 30.0
 STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
 """A journal entry id as booking-agent takes it in ``Last-Event-ID`` (``<ms>-<seq>``, or ``<ms>`` alone)."""
 
@@ -96,6 +106,33 @@ class BookForm(BaseModel):
             "guests": self.guests,
             "payment_token": self.card,
         }
+
+
+class ChatMessageForm(BaseModel):
+    """The chat panel's message: concierge-agent's ``POST /chats/{id}/messages`` body, checked here first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=MAX_CHAT_TEXT)
+    payment_token: str | None = Field(default=None, max_length=64, pattern=PAYMENT_TOKEN_PATTERN)
+
+    @field_validator("text")
+    @classmethod
+    def _said_something(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the message is empty")
+        if len(value.encode()) > MAX_CHAT_TEXT:
+            raise ValueError(f"at most {MAX_CHAT_TEXT} bytes")
+        return value
+
+
+class ApprovalForm(BaseModel):
+    """The approve / refuse buttons: concierge-agent's approval body (a strict boolean: "yes" is not one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approve: StrictBool
+    payment_token: str | None = Field(default=None, max_length=64, pattern=PAYMENT_TOKEN_PATTERN)
 
 
 class FaultForm(BaseModel):
@@ -132,6 +169,12 @@ class Target:
     started_at: float | None = None
 
 
+class DemoForm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layers: Literal["on", "off"] = "on"
+
+
 def _settings_urls(settings: Settings) -> dict[str, str]:
     return {
         "hotel-api": settings.hotel_api_url,
@@ -141,6 +184,7 @@ def _settings_urls(settings: Settings) -> dict[str, str]:
         "payment-agent": settings.payment_agent_url,
         "booking-agent": settings.booking_agent_url,
         "recovery-worker": settings.recovery_worker_url,
+        "concierge-agent": settings.concierge_agent_url,
     }
 
 
@@ -173,8 +217,14 @@ class Watcher:
         return await asyncio.to_thread(watched_targets, self.paths, get_settings())
 
     async def booking_agents(self) -> list[str]:
+        return await self.replicas("booking-agent")
+
+    async def concierge_agents(self) -> list[str]:
+        return await self.replicas("concierge-agent")
+
+    async def replicas(self, service: str) -> list[str]:
         _, targets = await self.targets()
-        return [t.url for t in targets if t.service == "booking-agent"]
+        return [t.url for t in targets if t.service == service]
 
     async def provider(self, name: str) -> str | None:
         _, targets = await self.targets()
@@ -324,14 +374,20 @@ def _relayed(response: httpx.Response) -> Response:
 async def _to_booking_agent(
     watcher: Watcher, send: Callable[[httpx.AsyncClient, str], Awaitable[httpx.Response]]
 ) -> Response:
-    """Try each booking-agent replica in turn; a replica that is down (killed, restarting) is skipped."""
-    last = "no booking-agent in the stack"
-    for url in await watcher.booking_agents():
+    return await _to_replicas(watcher, "booking-agent", send)
+
+
+async def _to_replicas(
+    watcher: Watcher, service: str, send: Callable[[httpx.AsyncClient, str], Awaitable[httpx.Response]]
+) -> Response:
+    """Try each replica of ``service`` in turn; a replica that is down (killed, restarting) is skipped."""
+    last = f"no {service} in the stack"
+    for url in await watcher.replicas(service):
         try:
             return _relayed(await send(watcher.http, url))
         except httpx.HTTPError as exc:
-            last = f"booking-agent at {url} unreachable ({type(exc).__name__})"
-    raise ProviderUnavailableError(last, provider="booking-agent")
+            last = f"{service} at {url} unreachable ({type(exc).__name__})"
+    raise ProviderUnavailableError(last, provider=service)
 
 
 def _sse_event(lines: list[str]) -> tuple[str | None, str | None, str]:
@@ -411,6 +467,42 @@ async def follow_timeline(
         await asyncio.sleep(RECONNECT_DELAY_S)
 
 
+async def follow_chat(
+    http: httpx.AsyncClient, agents: Callable[[], Awaitable[list[str]]], chat_id: str, last_id: str | None
+) -> AsyncIterator[ServerSentEvent]:
+    """A chat's journal from concierge-agent's SSE as one unbroken stream for the page, for as long as the page
+    reads: a replica that goes away mid-turn (killed, restarting) is replaced by the next one from ``Last-Event-ID``,
+    so the page sees the peer's resume without a gap or a repeat."""
+    while True:
+        for url in await agents():
+            headers = {"Accept": "text/event-stream"}
+            if last_id is not None:
+                headers["Last-Event-ID"] = last_id
+            try:
+                async with http.stream(
+                    "GET", f"{url}/chats/{chat_id}/events", headers=headers, timeout=httpx.Timeout(10, read=None)
+                ) as response:
+                    if response.status_code == 404:
+                        yield ServerSentEvent(data=json.dumps({"chat_id": chat_id}), event="unknown")
+                        return
+                    if response.status_code != 200:
+                        continue
+                    lines: list[str] = []
+                    async for line in response.aiter_lines():
+                        if line:
+                            lines.append(line)
+                            continue
+                        event_id, _, data = _sse_event(lines)
+                        lines = []
+                        if data:
+                            last_id = event_id or last_id
+                            yield ServerSentEvent(data=data, id=event_id)
+            except httpx.HTTPError:
+                continue  # the replica went away mid-stream: the next one, or this one again once it is back
+        yield ServerSentEvent(comment="no concierge-agent answers; trying again")
+        await asyncio.sleep(RECONNECT_DELAY_S)
+
+
 def _is_final(data: str) -> bool:
     try:
         entry = json.loads(data)
@@ -427,7 +519,15 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with httpx.AsyncClient(timeout=RELAY_TIMEOUT_S) as http:
             app.state.watcher = Watcher(http, paths or stack_paths())
-            yield
+            app.state.chaos = ChaosRunner()
+            app.state.demo = DemoRunner()
+            try:
+                yield
+            finally:
+                try:
+                    await app.state.demo.aclose()
+                finally:
+                    await app.state.chaos.close()
 
     app = create_service_app(
         "console",
@@ -463,10 +563,15 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         watcher = watcher_of(request)
         redis = await get_redis(request)
 
+        stopping = request.app.state.stopping
+
         async def events() -> AsyncIterator[ServerSentEvent]:
-            while True:
+            # ends the moment the console is told to stop: the page reconnects to the restarted one
+            while not stopping.is_set():
                 yield ServerSentEvent(data=json.dumps(await watcher.overview(redis)), event="overview")
-                await asyncio.sleep(OVERVIEW_INTERVAL_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(OVERVIEW_INTERVAL_S):
+                        await stopping.wait()
 
         # send_timeout: a page that stops reading is dropped instead of piling up snapshots here
         return EventSourceResponse(events(), ping=KEEPALIVE_S, send_timeout=10)
@@ -502,6 +607,55 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
 
         return await _to_booking_agent(watcher_of(request), send)
 
+    # ------------------------------------------------------------------- the chat panel: concierge-agent, relayed
+
+    async def to_concierge(request: Request, method: str, path: str, **kwargs: Any) -> Response:
+        async def send(http: httpx.AsyncClient, url: str) -> httpx.Response:
+            return await http.request(method, f"{url}{path}", **kwargs)
+
+        return await _to_replicas(watcher_of(request), "concierge-agent", send)
+
+    @app.get("/api/chats", tags=["console"])
+    async def chats(request: Request) -> Response:
+        return await to_concierge(request, "GET", "/chats", params={"limit": CHATS_SHOWN})
+
+    @app.post("/api/chats", tags=["console"])
+    async def new_chat(request: Request) -> Response:
+        return await to_concierge(request, "POST", "/chats", headers={"Idempotency-Key": f"console-{uuid.uuid4().hex}"})
+
+    @app.get("/api/chats/{chat_id}", tags=["console"])
+    async def chat(
+        request: Request, chat_id: ChatId, wait: Annotated[float, Query(ge=0, le=MAX_CHAT_WAIT_S)] = 0.0
+    ) -> Response:
+        """The chat; with ``wait``, once its turn is not ``running`` (the panel enables an approval's buttons then)."""
+        params = {"wait": wait} if wait else None
+        return await to_concierge(request, "GET", f"/chats/{chat_id}", params=params, timeout=RELAY_TIMEOUT_S + wait)
+
+    @app.post("/api/chats/{chat_id}/messages", tags=["console"])
+    async def say(request: Request, chat_id: ChatId, form: ChatMessageForm) -> Response:
+        # one key for every replica tried: a POST whose answer was lost is the same turn, not a second one
+        key = f"console-{uuid.uuid4().hex}"
+        body = form.model_dump(exclude_none=True)
+        return await to_concierge(
+            request, "POST", f"/chats/{chat_id}/messages", json=body, headers={"Idempotency-Key": key}
+        )
+
+    @app.post("/api/chats/{chat_id}/approvals/{approval_id}", tags=["console"])
+    async def decide(request: Request, chat_id: ChatId, approval_id: ApprovalId, form: ApprovalForm) -> Response:
+        body = form.model_dump(exclude_none=True)
+        return await to_concierge(request, "POST", f"/chats/{chat_id}/approvals/{approval_id}", json=body)
+
+    @app.get("/api/chats/{chat_id}/events", tags=["console"], response_class=EventSourceResponse)
+    async def chat_events(
+        request: Request,
+        chat_id: ChatId,
+        last_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
+    ) -> EventSourceResponse:
+        watcher = watcher_of(request)
+        return EventSourceResponse(
+            follow_chat(watcher.http, watcher.concierge_agents, chat_id, last_id), ping=KEEPALIVE_S, send_timeout=10
+        )
+
     @app.put("/api/faults/{provider}", tags=["console"])
     async def inject(request: Request, provider: Provider, form: FaultForm) -> Response:
         return await _admin_faults(watcher_of(request), provider, "PUT", form.body(provider))
@@ -509,6 +663,38 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
     @app.delete("/api/faults/{provider}", tags=["console"])
     async def clear(request: Request, provider: Provider) -> Response:
         return await _admin_faults(watcher_of(request), provider, "DELETE", None)
+
+    @app.post("/api/demo/cascade", tags=["console"], status_code=202)
+    async def start_demo(request: Request, form: DemoForm) -> dict[str, Any]:
+        """``concierge demo cascade`` for the page; refused while one runs. Its lines: ``GET /api/demo/stream``."""
+        runner: DemoRunner = request.app.state.demo
+        if runner.running:
+            raise ConsoleRefusedError("a cascade demo is running already; stop it first")
+        state = await runner.start(form.layers)
+        return {"running": True, "layers": state.layers}
+
+    @app.delete("/api/demo", tags=["console"])
+    async def stop_demo(request: Request) -> dict[str, Any]:
+        runner: DemoRunner = request.app.state.demo
+        await runner.stop()
+        current = runner.current
+        return {"running": False, "exit_code": None if current is None else current.exit_code}
+
+    @app.get("/api/demo/stream", tags=["console"], response_class=EventSourceResponse)
+    async def demo_stream(request: Request) -> EventSourceResponse:
+        """The demo's narration, one event per line (from its first), then ``end`` with its exit code."""
+        runner: DemoRunner = request.app.state.demo
+        state = runner.current
+
+        async def events() -> AsyncIterator[ServerSentEvent]:
+            if state is None:
+                yield ServerSentEvent(data=json.dumps({"exit_code": None}), event="end")
+                return
+            async for line in runner.follow(state):
+                yield ServerSentEvent(data=line)
+            yield ServerSentEvent(data=json.dumps({"exit_code": state.exit_code}), event="end")
+
+        return EventSourceResponse(events(), ping=KEEPALIVE_S)
 
     @app.post("/api/services/{target}/{op}", tags=["console"])
     async def control(request: Request, target: str, op: Literal["kill", "stop", "start"]) -> Response:
@@ -527,6 +713,7 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         answer.pop("ok", None)
         return JSONResponse(answer)
 
+    add_chaos_routes(app)
     return app
 
 

@@ -88,30 +88,21 @@ def test_same_idempotency_key_gives_the_same_booking(stack: Stack) -> None:
     assert len(refs) == 1
 
 
-def test_hotel_api_down_opens_the_breaker_fails_fast_then_recovers(clean_faults: Stack) -> None:
+def test_hotel_api_down_opens_the_breaker_and_bookings_wait_it_out_within_their_budget(clean_faults: Stack) -> None:
+    """An accepted booking spends its own budget waiting for an outage to end (issue 24; it used to fail at once on
+    the open breaker). One whose outage outlasts its budget fails within it: tests/e2e/test_stopping_and_waiting.py."""
     stack = clean_faults
     stack.fault("hotel-api", error_rate=1.0)
-    failures = []
-    for _ in range(3):
-        booking = stack.wait(stack.book()["booking_id"])
-        failures.append(booking)
-    assert all(b["status"] == "failed" for b in failures)
-    assert {b["error"]["code"] for b in failures} == {"provider_unavailable"}
-
+    waiting = [stack.book()["booking_id"] for _ in range(3)]
+    time.sleep(4.0)
+    assert [stack.booking(b)["status"] for b in waiting] == ["searching"] * 3, "waiting, not failed"
     circuits = stack.http.get(f"{stack.url('search-agent')}/health/circuits").json()
-    assert circuits["hotel_api"]["state"] == "open"
-
-    started = time.monotonic()
-    fast = stack.wait(stack.book()["booking_id"])
-    elapsed = time.monotonic() - started
-    assert fast["status"] == "failed" and fast["error"]["code"] == "provider_unavailable"
-    assert elapsed < 1.0, f"an open breaker should fail the booking at once, took {elapsed:.2f}s"
+    assert circuits["hotel_api"]["state"] in ("open", "half_open")
 
     stack.fault("hotel-api")
-    time.sleep(2.5)  # the recovery timeout set for this stack
+    finals = [stack.wait(b) for b in waiting]
+    assert [b["status"] for b in finals] == ["confirmed"] * 3, [b["error"] for b in finals]
     # hotel_api needs two successful probes (success_threshold=2) before it closes again
-    for _ in range(2):
-        assert stack.wait(stack.book()["booking_id"])["status"] == "confirmed"
     assert stack.http.get(f"{stack.url('search-agent')}/health/circuits").json()["hotel_api"]["state"] == "closed"
 
 
@@ -135,7 +126,11 @@ def test_a2a_requires_the_service_token_and_serves_agent_cards(stack: Stack) -> 
 
 AGENT_SKILLS = {
     "search-agent": {"search_hotels": ["city", "checkin", "checkout", "guests"]},
-    "booking-agent": {"book_hotel": ["city", "checkin", "checkout", "guests", "payment_token"]},
+    "booking-agent": {
+        "book_hotel": ["city", "checkin", "checkout", "guests", "payment_token"],
+        "get_booking": ["booking_id"],
+        "cancel_booking": ["booking_id"],
+    },
     "payment-agent": {
         "charge_payment": ["amount", "currency", "payment_token", "reference"],
         "refund_payment": ["reference"],

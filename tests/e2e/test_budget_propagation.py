@@ -33,7 +33,9 @@ def test_slow_hotel_api_fails_the_booking_with_timeout_at_the_budget(tight_stack
 
     assert booking["status"] == "failed"
     assert booking["error"]["code"] == "timeout"
-    assert 1.5 < elapsed < 4.0, f"expected the booking to end about 2 s after it started, took {elapsed:.2f}s"
+    # each attempt takes a share of what is left (CALL_SHARES), the retries run until the next one cannot fit: the
+    # booking spends most of its 2 s, never more
+    assert 1.0 < elapsed < 4.0, f"expected the booking to end within about 2 s of its start, took {elapsed:.2f}s"
 
     time.sleep(0.3)
     search_node = [

@@ -191,3 +191,83 @@ def test_book_kill_the_agent_from_the_page_and_watch_the_recovery(
 
     if target := os.environ.get("CONSOLE_SCREENSHOT"):
         shutil.copyfile(mid_recovery, target)
+
+
+def test_a_conversation_in_the_chat_panel_ends_in_a_confirmed_booking(
+    stack: dict[str, Any], browser: Any, tmp_path: Path
+) -> None:
+    """From the page only: a message typed in the chat panel, the model's answer streaming in, the approval card's
+    Approve button, and the booking the concierge made, confirmed, in the chat and in the bookings table."""
+    from selenium.webdriver.common.by import By
+
+    console = f"http://127.0.0.1:{stack['ports']['console']}"
+    booking_agent = f"http://127.0.0.1:{stack['ports']['booking-agent']}"
+    browser.get(console)
+    wait_until(browser, "the overview", lambda d: "supervised" in d.find_element(By.ID, "mode").text)
+    checkin = time.strftime("%Y-%m-%d", time.localtime(time.time() + 50 * 86400))
+    browser.find_element(By.ID, "chat-text").send_keys(
+        f"Book the cheapest hotel in Lisbon from {checkin} for 2 nights for two"
+    )
+    browser.find_element(By.ID, "chat-send").click()
+    chat_id = wait_until(
+        browser, "the chat", lambda d: d.find_element(By.ID, "chat-panel").get_attribute("data-chat-id")
+    )
+
+    def log_kinds(d: Any) -> list[str]:
+        return [li.get_attribute("data-kind") for li in d.find_elements(By.CSS_SELECTOR, "#chat-log li")]
+
+    approve = wait_until(
+        browser,
+        "the approval card",
+        lambda d: d.find_element(By.CSS_SELECTOR, "#chat-log li.approval[data-ready=true] button[data-approve=true]"),
+    )
+    story = log_kinds(browser)
+    assert story[0] == "user_message", story
+    assert "tool_call" in story and "tool_result" in story, story
+    card = browser.find_element(By.CSS_SELECTOR, "#chat-log li.approval")
+    assert "Lisbon" in card.text and "EUR" in card.text, card.text
+    browser.save_screenshot(str(tmp_path / "console-chat-approval.png"))
+    approve.click()
+
+    wait_until(
+        browser,
+        "the decision",
+        lambda d: d.find_element(By.CSS_SELECTOR, "#chat-log li.approval").get_attribute("data-decision") == "approved",
+    )
+    wait_until(
+        browser,
+        "the booking confirmed in the chat",
+        lambda d: d.find_element(By.ID, "chat-booking").get_attribute("data-status") == "confirmed",
+    )
+    booking_id = str(browser.find_element(By.ID, "chat-booking").get_attribute("data-booking-id"))
+    wait_until(
+        browser,
+        "the model's last words",
+        # textContent: a line scrolled out of the chat log's view has no visible text
+        lambda d: any(
+            "Booked:" in str(li.get_attribute("textContent"))
+            for li in d.find_elements(By.CSS_SELECTOR, "#chat-log li.assistant")
+        ),
+    )
+    wait_until(
+        browser,
+        "the turn's end",
+        lambda d: (
+            "answered"
+            in [li.get_attribute("data-outcome") for li in d.find_elements(By.CSS_SELECTOR, "#chat-log li.turn")]
+        ),
+    )
+    browser.save_screenshot(str(tmp_path / "console-chat-booked.png"))
+    assert booking_status(booking_agent, booking_id) == "confirmed"
+    # the same booking in the bookings table beside the chat, and the chat says it made it
+    wait_until(
+        browser,
+        "the bookings table",
+        lambda d: "confirmed" in d.find_element(By.CSS_SELECTOR, f"#bookings tr[data-booking-id='{booking_id}']").text,
+    )
+    concierge_agent = f"http://127.0.0.1:{stack['ports']['concierge-agent']}"
+    chat = httpx.get(f"{concierge_agent}/chats/{chat_id}", timeout=10).json()
+    assert chat["bookings"] == [booking_id]
+    # one approval, one booking: its timeline opens from the chat's booking line
+    browser.find_element(By.CSS_SELECTOR, "#chat-log li.booking").click()
+    wait_until(browser, "the booking's timeline", lambda d: "confirmed" in kinds(d))

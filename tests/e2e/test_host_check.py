@@ -96,8 +96,9 @@ def bookings(up: UpStack) -> list[str]:
 
 
 def test_a_rebinding_page_can_neither_drive_the_console_nor_reach_booking_agent(up: UpStack) -> None:
-    console, agent = up.urls["console"], up.urls["booking-agent"]
+    console, agent, concierge = up.urls["console"], up.urls["booking-agent"], up.urls["concierge-agent"]
     page, agent_page = up.as_page_of(EVIL, "console"), up.as_page_of(EVIL, "booking-agent")
+    concierge_page = up.as_page_of(EVIL, "concierge-agent")
     search_pid, before = up.pid("search-agent:1"), bookings(up)
     checkin = (dt.date.today() + dt.timedelta(days=45)).isoformat()
     checkout = (dt.date.today() + dt.timedelta(days=47)).isoformat()
@@ -112,6 +113,11 @@ def test_a_rebinding_page_can_neither_drive_the_console_nor_reach_booking_agent(
         ),
         "book at booking-agent": httpx.post(f"{agent}/bookings", json=stay, headers=agent_page, timeout=30),
         "list the bookings": httpx.get(f"{agent}/bookings", headers=agent_page, timeout=10),
+        "open a chat at concierge-agent": httpx.post(f"{concierge}/chats", headers=concierge_page, timeout=10),
+        "approve a booking at concierge-agent": httpx.post(
+            f"{concierge}/chats/c1/approvals/ap_1", json={"approve": True}, headers=concierge_page, timeout=10
+        ),
+        "list the chats": httpx.get(f"{concierge}/chats", headers=concierge_page, timeout=10),
     }
 
     time.sleep(1)  # a stop the supervisor had been asked for would have happened by now

@@ -330,8 +330,9 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     assert first.stdout.strip().splitlines()[-1].startswith("confirmed:")
     assert re.search(r"\bpending\b", first.stdout) and re.search(r"\bconfirmed\b", first.stdout)
 
-    # A slow payment holds the booking in "paying" long enough to kill its owner mid-flight.
-    assert concierge(env, "fault", "payment-api", "--latency", "4").returncode == 0
+    # A slow payment holds the booking in "paying" long enough to kill its owner mid-flight (the kill command itself
+    # takes seconds on a busy machine: 4 s of latency was not always enough).
+    assert concierge(env, "fault", "payment-api", "--latency", "10").returncode == 0
     booking = subprocess.Popen(
         [*concierge_command(), *book_args, "--timeout", "60"],
         env=env,

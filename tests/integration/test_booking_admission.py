@@ -21,7 +21,7 @@ from infra.bookings import BookingStore
 from infra.error_table import answer_for
 from infra.payment_tokens import PaymentTokens
 from recovery.queue import DeadLetterQueue, QueueGuard
-from resilience import Bulkhead, BulkheadConfig, OverloadedError
+from resilience import Bulkhead, BulkheadConfig, OverloadedError, TimedSlot
 from runs.leases import RunStore
 
 CAP = 2
@@ -32,8 +32,11 @@ class GatedService(BookingService):
 
     gate: asyncio.Event
 
-    async def _run(self, lease: Any, run_input: dict[str, Any]) -> None:
-        await self.gate.wait()
+    async def _run(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
+        try:
+            await self.gate.wait()
+        finally:
+            slot.release()
 
 
 @pytest.fixture

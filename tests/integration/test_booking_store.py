@@ -93,6 +93,23 @@ async def test_a_long_poll_returns_the_current_state_when_time_runs_out(store: B
     assert view is not None and view["status"] == "paying"
 
 
+async def test_a_stopping_process_answers_its_long_polls_at_once_with_the_booking_as_it_stands(
+    store: BookingStore, redis: Any
+) -> None:
+    await store.create("b6", REQUEST)
+    await store.update("b6", status="paying")
+    polls = [asyncio.create_task(store.wait_final("b6", 30)) for _ in range(20)]
+    await asyncio.sleep(0.1)
+    assert not any(p.done() for p in polls), "they wait for the booking to end"
+    store.release_waiters()  # SIGTERM (the shell's ``stopping``)
+    done, pending = await asyncio.wait(polls, timeout=5)
+    assert not pending, "every long-poll answered, none left for the server to cancel"
+    assert {view["status"] for view in (p.result() for p in done) if view is not None} == {"paying"}
+    # one that starts while stopping does not wait either
+    late = await asyncio.wait_for(store.wait_final("b6", 30), timeout=5)
+    assert late is not None and late["status"] == "paying"
+
+
 class CountingReads(BookingStore):
     def __init__(self, redis: Any) -> None:
         super().__init__(redis)

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from domain.llm import PRIMARY_MODEL
 from stack.services import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,3 +181,27 @@ def test_dockerfile_installs_dependencies_before_copying_the_source(dockerfile: 
     assert install < min(source)
     # the dependency layer sees the lock and nothing else: editing the code keeps it cached
     assert [line for i, line in copies if i < install] == ["COPY requirements.lock ./"]
+
+
+def test_the_concierge_talks_to_the_simulator_unless_told_otherwise(compose: dict[str, Any]) -> None:
+    """LLM_BASE_URL is the OpenAI client's base URL (with /v1): llm-api's by default, a real server's when set."""
+    env = compose["services"]["concierge-agent"]["environment"]
+    base = _DEFAULTED.match(env["LLM_BASE_URL"])
+    assert base and base["var"] == "LLM_BASE_URL"
+    llm_api = SERVICES["llm-api"]
+    assert base["default"] == f"http://{llm_api.name}:{llm_api.port}/v1"
+    model = _DEFAULTED.match(env["LLM_MODEL"])
+    assert model and model["var"] == "LLM_MODEL" and model["default"] == PRIMARY_MODEL, env["LLM_MODEL"]
+    # its key is the stack's own unless one is given (llm-api and the concierge derive the same one)
+    assert _DEFAULTED.match(env["LLM_API_KEY"])["default"] == ""  # type: ignore[index]
+
+
+def test_the_concierge_starts_once_the_model_and_the_agents_it_calls_are_healthy(compose: dict[str, Any]) -> None:
+    depends = compose["services"]["concierge-agent"]["depends_on"]
+    for peer in ("redis", "postgres", "llm-api", "search-agent", "booking-agent"):
+        assert depends[peer] == {"condition": "service_healthy"}, peer
+    # published on every interface like the other agents: it has its own service tokens and host check
+    assert (
+        f"{SERVICES['concierge-agent'].port}:{SERVICES['concierge-agent'].port}"
+        in compose["services"]["concierge-agent"]["ports"]
+    )

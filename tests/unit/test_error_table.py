@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 from psycopg import OperationalError as PostgresOperationalError
 from pydantic import BaseModel, ValidationError
@@ -16,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from domain.booking import BookingFinalError, ErrorCode, InvalidStayError
+from domain.chat import ApprovalExpiredError, ApprovalPendingError, TurnInProgressError
 from infra.a2a import (
     A2AError,
     A2AProtocolError,
@@ -35,8 +37,23 @@ from infra.clients import (
     ProviderNotFoundError,
     ProviderUnavailableError,
 )
-from infra.error_table import TABLE, answer_for, is_outage, skill_failure_from
+from infra.error_table import TABLE, answer_for, is_outage, may_have_reached, skill_failure_from
+from infra.llm import (
+    ModelAuthError,
+    ModelBadRequestError,
+    ModelCapacityError,
+    ModelContextTooLongError,
+    ModelError,
+    ModelQuotaExceededError,
+    ModelRateLimitedError,
+    ModelStreamBrokenError,
+    ModelTimeoutError,
+    ModelUnavailableError,
+    TokenBudgetExhausted,
+)
+from infra.signals import ShuttingDownError
 from resilience import (
+    AttemptTimeoutError,
     BudgetExhaustedError,
     BulkheadFullError,
     BulkheadTimeoutError,
@@ -46,6 +63,7 @@ from resilience import (
     OverloadedError,
     ResilienceError,
 )
+from resilience.errors import keep_earlier_attempts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +99,9 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (InvalidStayError("checkout", "must be after checkin"), "invalid_request", 422, False),
     (_validation_error(), "invalid_request", 422, False),
     (BookingFinalError("b1", "confirmed", "booking b1 is confirmed"), "already_final", 409, False),
+    (TurnInProgressError("a turn runs"), "turn_in_progress", 409, False),
+    (ApprovalPendingError("an approval waits"), "approval_pending", 409, False),
+    (ApprovalExpiredError("too late"), "approval_expired", 409, False),
     (InvalidBudgetHeaderError("X-Timeout-Budget must be a number", "X-Timeout-Budget"), "invalid_header", 400, False),
     (NoAvailabilityError("full", provider="hotel-api", status_code=409), "no_availability", 409, False),
     (PaymentDeclinedError("declined", provider="payment-api", status_code=402), "payment_declined", 402, False),
@@ -90,12 +111,26 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (IdempotencyMismatchError("reused", provider="hotel-api", status_code=422), "rejected", 422, False),
     (_Coded("declined"), "payment_declined", 402, False),
     (NonRetryableError("no code"), "rejected", 422, False),
+    # the model's answers (infra.llm.errors)
+    (TokenBudgetExhausted("spent", budget="turn_tokens", limit=10, spent=9), "token_budget_exhausted", 422, False),
+    (ModelContextTooLongError("too long", model="m", status=400), "model_context_too_long", 422, False),
+    (ModelBadRequestError("404 model_not_found", model="m", status=404), "model_bad_request", 502, False),
+    (ModelAuthError("401", model="m", status=401), "model_auth", 502, False),
+    (ModelQuotaExceededError("billing", model="m", status=429), "model_quota_exceeded", 503, False),
+    (ModelCapacityError("our limiter", model="m", retry_after=3.0), "model_rate_limited", 429, True),
+    (ModelRateLimitedError("429", model="m", status=429, retry_after=2.0), "model_rate_limited", 429, True),
+    (ModelStreamBrokenError("cut", model="m", tokens=20), "model_unavailable", 503, True),
+    (ModelTimeoutError("no first token", model="m", limit="first_token"), "model_unavailable", 503, True),
+    (ModelUnavailableError("503", model="m", status=503), "model_unavailable", 503, True),
+    (ModelError("anything else", model="m"), "model_unavailable", 503, True),
     # out of time
     (BudgetExhaustedError("spent"), "timeout", 504, False),
     (A2ATimeoutError("late"), "timeout", 504, False),
     (BulkheadTimeoutError("search_agent", 2.0), "timeout", 504, True),
+    (AttemptTimeoutError("an attempt ran past its share of the budget (0.50s)"), "timeout", 504, True),
     (TimeoutError("slow"), "timeout", 504, True),
     # a dependency or our capacity: worth another try later
+    (ShuttingDownError("booking-agent"), "shutting_down", 503, True),
     (OverloadedError("booking_runs", 40, "40 bookings in flight"), "overloaded", 429, True),
     (BulkheadFullError("booking_agent", 10, 0.1), "bulkhead_full", 503, True),
     (CircuitOpenError("hotel_api", 3.0), "provider_unavailable", 503, True),
@@ -121,6 +156,13 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
 def test_each_exception_gets_one_answer(exc: BaseException, code: str, status: int, retryable: bool) -> None:
     answer = answer_for(exc)
     assert (answer.code, answer.status, answer.retryable) == (code, status, retryable)
+
+
+def test_a_models_wait_is_the_retry_after_header() -> None:
+    answer = answer_for(ModelRateLimitedError("429", model="sim-large", status=429, retry_after=2.4))
+    assert answer.retry_after == 2.4 and answer.fields == {"model": "sim-large", "retry_after": 2.4}
+    budget = answer_for(TokenBudgetExhausted("spent", budget="turn_calls", limit=8, spent=8))
+    assert budget.retry_after is None and budget.fields == {"budget": "turn_calls", "limit": 8, "spent": 8}
 
 
 def test_every_row_of_the_table_is_exercised_above() -> None:
@@ -154,6 +196,11 @@ def test_every_code_has_one_http_status() -> None:
 def test_a_skill_answers_dependency_trouble_as_a_business_error_and_lets_bugs_through() -> None:
     failure = skill_failure_from(CircuitOpenError("hotel_api", 1.0))
     assert isinstance(failure, SkillFailure) and failure.code == "provider_unavailable"
+    # what a waiting caller needs: when our breaker may probe, and that our request never left
+    assert failure.data == {"sent": False, "retry_after": 1.0}
+    assert A2ASkillError(failure.code, failure.message, failure.data).sent is False
+    sent = skill_failure_from(ProviderUnavailableError("read timeout", provider="payment-api"))
+    assert isinstance(sent, SkillFailure) and sent.data == {"sent": True}
     bug = RuntimeError("bug")
     assert skill_failure_from(bug) is bug
 
@@ -177,6 +224,45 @@ def test_a_skill_answers_dependency_trouble_as_a_business_error_and_lets_bugs_th
 )
 def test_an_outage_is_something_needed_being_down_whoever_reports_it(exc: Exception, outage: bool) -> None:
     assert is_outage(exc) is outage
+
+
+def _chained(exc: BaseException, cause: BaseException) -> BaseException:
+    exc.__cause__ = cause
+    return exc
+
+
+def _after(exc: BaseException, *earlier: BaseException) -> BaseException:
+    keep_earlier_attempts(exc, list(earlier))
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "reached"),
+    [
+        # refused here, before anything was sent
+        (CircuitOpenError("payment_api", 30.0), False),
+        (BulkheadFullError("outbound:payment_api", 20, 1.0), False),
+        (_chained(ProviderUnavailableError("refused", sent=False), httpx.ConnectError("refused")), False),
+        (_chained(A2AUnavailableError("connect timeout", sent=False), httpx.ConnectTimeout("slow")), False),
+        (A2ASkillError("provider_unavailable", "payment_api: circuit open", {"sent": False}), False),
+        # a refusal chained to an attempt that never connected either
+        (_chained(CircuitOpenError("payment_api", 30.0), ProviderUnavailableError("refused", sent=False)), False),
+        # sent, or its outcome unknown
+        (ProviderUnavailableError("read timeout", provider="payment-api"), True),
+        (A2AUnavailableError("reset by peer"), True),
+        (A2ASkillError("provider_unavailable", "payment_api: timed out"), True),
+        (_chained(BudgetExhaustedError("ran out while waiting"), httpx.ReadTimeout("slow")), True),
+        (BulkheadTimeoutError("outbound:payment_api", 30.0), True),
+        (RuntimeError("something else"), True),
+        # the retry loop's refusal after an attempt that may have reached, or after several attempts
+        (_chained(CircuitOpenError("payment_api", 30.0), ProviderUnavailableError("read timeout")), True),
+        (_after(ProviderUnavailableError("refused", sent=False), ProviderUnavailableError("read timeout")), True),
+    ],
+)
+def test_a_side_effect_was_attempted_only_if_its_request_may_have_reached_the_provider(
+    exc: BaseException, reached: bool
+) -> None:
+    assert may_have_reached(exc) is reached
 
 
 # Code that turns an exception into an error code on its own: ``isinstance(exc, X)`` or ``except X`` next to a

@@ -244,6 +244,17 @@ def test_the_dev_overlay_is_the_whole_stack(dev: Objects) -> None:
     assert settings is not None and secrets is not None
     assert settings["data"]["REDIS_URL"] == "redis://redis:6379/0"
     assert "DATABASE_URL" in secrets["data"]
+    # the concierge reaches the simulator on the OpenAI wire unless an overlay names a real server
+    assert settings["data"]["LLM_BASE_URL"] == f"http://llm-api:{SERVICES['llm-api'].port}/v1"
+
+
+def test_the_concierge_runs_two_replicas_that_drains_take_one_at_a_time(dev: Objects) -> None:
+    deployment = by_kind(dev, "Deployment")["concierge-agent"]
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = by_kind(dev, "PodDisruptionBudget")["concierge-agent"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "concierge-agent"}
 
 
 # --------------------------------------------------------------------------------------------- the checks can fail
@@ -277,6 +288,14 @@ BREAKAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "one recovery worker": (
         lambda root: _edit(root / "base/recovery-worker.yaml", "replicas: 2", "replicas: 1"),
         "recovery-worker: 1 replica(s)",
+    ),
+    "one concierge-agent": (
+        lambda root: _edit(root / "base/concierge-agent.yaml", "replicas: 2", "replicas: 1"),
+        "concierge-agent: 1 replica(s)",
+    ),
+    "no PodDisruptionBudget for the concierge": (
+        lambda root: _edit(root / "base/concierge-agent.yaml", "kind: PodDisruptionBudget", "kind: Ignored"),
+        "concierge-agent: no PodDisruptionBudget selects its pods",
     ),
     "a setting nobody reads": (
         lambda root: _edit(root / "base/kustomization.yaml", "- RUN_LEASE_TTL=5", "- RUN_LEASE_TTL_S=5"),

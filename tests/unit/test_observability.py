@@ -17,7 +17,7 @@ from stack.services import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-_METRIC = re.compile(r"\bconcierge_[a-z0-9_]+\b")
+_METRIC = re.compile(r"\b(?:concierge|gen_ai)_[a-z0-9_]+\b")
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,14 @@ def test_the_dashboard_shows_bookings_breakers_bulkheads_queue_and_recovery(dash
         "concierge_bulkhead_in_use",
         "concierge_recovery_queue_depth",
         "concierge_recovery_dlq_depth",
+        # the model (docs/model-dependency.md)
+        "gen_ai_client_token_usage_sum",
+        "gen_ai_client_operation_duration_seconds_bucket",
+        "concierge_llm_retries_total",
+        "concierge_llm_retry_after_waited_seconds_sum",
+        "concierge_llm_fallbacks_total",
+        "concierge_llm_budget_stops_total",
+        "concierge_llm_limiter_wait_seconds_bucket",
     ):
         assert needed in names, needed
     # balanced parentheses at least: a typo shows up here rather than as an empty panel

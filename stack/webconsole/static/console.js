@@ -243,13 +243,285 @@ async function clearFaults() {
   $("#fault-result").textContent = result.ok ? `${provider}: faults cleared` : `refused: ${describeError(result)}`;
 }
 
+// ------------------------------------------------------------------------------------------------ chat panel
+// One EventSource on the chat's journal (relayed by the console from concierge-agent, whichever replica answers):
+// the model's tokens grow the answer being written, tool calls and results are a line each, an approval is a card
+// with its two buttons, the booking's own steps are relayed as they happen (click one: its timeline below).
+
+let chatId = null;
+let chatSource = null;
+let writing = null; // the assistant answer tokens are being appended to, and the attempt they belong to
+const toolNames = new Map(); // a result names only the call it answers: each call's tool by its id
+
+function chatLine(cls, text, kind) {
+  const li = Object.assign(document.createElement("li"), { className: cls, textContent: text });
+  li.dataset.kind = kind;
+  $("#chat-log").append(li);
+  li.scrollIntoView({ block: "nearest" });
+  return li;
+}
+
+function args(value) {
+  if (!value || typeof value !== "object") return value === undefined ? "" : String(value);
+  return Object.entries(value).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ");
+}
+
+function resultSummary(entry) {
+  let result = entry.result !== undefined ? entry.result : entry.content;
+  if (typeof result === "string") { try { result = JSON.parse(result); } catch (e) { return result.slice(0, 160); } }
+  if (result && typeof result === "object") {
+    if (result.error) return `error ${result.error.code}: ${result.error.message || ""}`;
+    if (Array.isArray(result.offers)) return `${result.found ?? result.offers.length} offer(s)`;
+    if (result.booking_id) return `booking ${result.booking_id} ${result.status || ""}`;
+  }
+  return JSON.stringify(result).slice(0, 160);
+}
+
+function approvalCard(approval) {
+  const id = approval.approval_id;
+  let li = document.querySelector(`#chat-log li.approval[data-approval-id="${CSS.escape(id)}"]`);
+  if (li) return li;
+  li = chatLine("approval", "", "approval_requested");
+  li.dataset.approvalId = id;
+  const total = typeof approval.total_price === "number" ? approval.total_price.toFixed(2) : approval.total_price;
+  li.append(`Book ${approval.hotel_name} (${approval.hotel_id}), ${approval.checkin} → ${approval.checkout}, ` +
+    `${approval.guests} guest(s), ${total} ${approval.currency}? (expires ${time(approval.expires_at)})`,
+    document.createElement("br"));
+  for (const [label, approve] of [["Approve", true], ["Refuse", false]]) {
+    const button = Object.assign(document.createElement("button"), { textContent: label, type: "button" });
+    button.dataset.approve = String(approve);
+    button.className = approve ? "" : "danger";
+    button.addEventListener("click", () => decide(id, approve, li));
+    button.disabled = true;
+    li.append(button);
+  }
+  parked(id, li);
+  return li;
+}
+
+// the entry is written as the turn stops: the buttons work once the chat says it waits for this approval
+async function parked(id, li) {
+  for (let tries = 0; tries < 10 && li.isConnected && !li.classList.contains("decided"); tries++) {
+    const result = await send("GET", `/api/chats/${encodeURIComponent(chatId)}?wait=20`);
+    if (result.ok && result.body.status !== "running") {
+      const waiting = result.body.pending_approval && result.body.pending_approval.approval_id === id;
+      li.querySelectorAll("button").forEach((b) => { b.disabled = !waiting; });
+      li.dataset.ready = String(waiting);
+      return;
+    }
+  }
+}
+
+function approvalDecided(id, approve) {
+  const li = document.querySelector(`#chat-log li.approval[data-approval-id="${CSS.escape(id)}"]`);
+  if (!li) return;
+  li.querySelectorAll("button").forEach((b) => b.remove());
+  li.classList.add("decided");
+  li.dataset.decision = approve ? "approved" : "refused";
+  li.append(approve ? "approved" : "refused");
+}
+
+function bookingStatus(bookingId, kind) {
+  const out = $("#chat-booking");
+  out.dataset.bookingId = bookingId;
+  if (["confirmed", "failed", "cancelled"].includes(kind)) {
+    out.dataset.status = kind;
+    out.className = kind;
+    out.textContent = `booking ${bookingId}: ${kind}`;
+  } else if (!out.dataset.status || out.dataset.bookingId !== bookingId) {
+    out.dataset.status = "";
+    out.className = "muted";
+    out.textContent = `booking ${bookingId}: ${kind}…`;
+  }
+}
+
+function chatEntry(entry) {
+  const kind = entry.kind;
+  if (kind === "token") {
+    // a token carries its model call and that call's attempt: a new attempt is the answer starting over
+    const attempt = `${entry.call}/${entry.attempt}`;
+    if (!writing || writing.attempt !== attempt) {
+      if (writing) chatLine("tool lost", `the answer broke off; the model was asked again (attempt ${entry.attempt})`, "retry");
+      writing = { li: chatLine("assistant", "", "assistant"), attempt };
+      writing.li.dataset.streaming = "true";
+    }
+    writing.li.textContent += entry.text ?? entry.content ?? "";
+    return;
+  }
+  if (kind === "assistant_message") {
+    const li = writing ? writing.li : chatLine("assistant", "", "assistant");
+    const said = entry.text ?? entry.content;
+    if (said) li.textContent = said;
+    li.dataset.streaming = "false";
+    writing = null;
+    return;
+  }
+  writing = kind === "user_message" || kind === "turn_finished" ? null : writing;
+  if (kind === "user_message") chatLine("user", entry.text ?? entry.content ?? "", kind);
+  else if (kind === "tool_call") {
+    toolNames.set(entry.tool_call_id, entry.name);
+    chatLine("tool", `→ ${entry.name}(${args(entry.arguments ?? entry.args)})`, kind);
+  } else if (kind === "tool_result") {
+    chatLine("tool", `← ${entry.name || toolNames.get(entry.tool_call_id) || "tool"}: ${resultSummary(entry)}`, kind);
+  }
+  else if (kind === "approval_requested") approvalCard(entry.approval || entry);
+  else if (kind === "approval_decided") approvalDecided(entry.approval_id, entry.approve ?? entry.approved);
+  else if (kind === "booking") {
+    const inner = entry.entry && typeof entry.entry === "object" ? entry.entry : entry;
+    const bookingId = entry.booking_id || inner.booking_id;
+    const step = inner.booking_kind || (inner === entry ? entry.booking_entry_kind : inner.kind) || inner.step || "";
+    bookingStatus(bookingId, step);
+    // the story, as `concierge book` tells it: steps as they start, replays, losses, the outcome (its timeline below)
+    if (step === "step_finished" || (step === "call" && !inner.replayed)) return;
+    const li = chatLine("booking", `booking ${bookingId}: ${step}${inner.step && step !== inner.step ? ` ${inner.step}` : ""}`, kind);
+    li.dataset.bookingId = bookingId;
+    li.addEventListener("click", () => follow(bookingId));
+  } else if (kind === "turn_finished") {
+    chatLine("turn", `turn ${entry.outcome}${entry.error ? `: ${entry.error.code || JSON.stringify(entry.error)}` : ""}`, kind).dataset.outcome = entry.outcome;
+    $("#chat-send").disabled = false;
+  } else if (["owner_lost", "resumed", "handed_off"].includes(kind)) {
+    chatLine("tool lost", `${kind} ${entry.instance || entry.owner || ""}`, kind);
+  }
+}
+
+function openChat(id) {
+  if (chatSource) chatSource.close();
+  chatId = id;
+  writing = null;
+  $("#chat-id").textContent = id;
+  $("#chat-log").replaceChildren();
+  Object.assign($("#chat-booking"), { textContent: "", className: "muted" });
+  delete $("#chat-booking").dataset.status;
+  $("#chat-panel").dataset.chatId = id;
+  chatSource = new EventSource(`/api/chats/${encodeURIComponent(id)}/events`);
+  chatSource.onmessage = (event) => chatEntry(JSON.parse(event.data));
+  chatSource.addEventListener("unknown", () => { chatSource.close(); chatLine("turn", "unknown chat", "unknown"); });
+}
+
+async function loadChats() {
+  const result = await send("GET", "/api/chats");
+  if (!result.ok) return;
+  const list = $("#chat-list");
+  const chats = (result.body && result.body.chats) || [];
+  list.replaceChildren(Object.assign(document.createElement("option"), { value: "", textContent: "recent chats…" }),
+    ...chats.map((c) => Object.assign(document.createElement("option"), { value: c.chat_id, textContent: `${c.chat_id} · ${c.status}` })));
+}
+
+async function newChat() {
+  const result = await send("POST", "/api/chats");
+  if (!result.ok) { $("#chat-result").textContent = `refused: ${describeError(result)}`; return null; }
+  openChat(result.body.chat_id);
+  loadChats();
+  return result.body.chat_id;
+}
+
+async function say(event) {
+  event.preventDefault();
+  const input = $("#chat-text");
+  const text = input.value;
+  if (!text.trim()) return;
+  const id = chatId || await newChat();
+  if (!id) return;
+  const result = await send("POST", `/api/chats/${encodeURIComponent(id)}/messages`, { text });
+  const out = $("#chat-result");
+  if (result.ok) {
+    input.value = "";
+    out.textContent = `turn ${result.body.turn_id}: ${result.body.status}`;
+    out.dataset.turnId = result.body.turn_id;
+  } else {
+    out.textContent = `refused: ${describeError(result)}`;
+  }
+}
+
+async function decide(approvalId, approve, li) {
+  li.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+  const body = approve ? { approve, payment_token: $("#chat-card").value } : { approve };
+  const result = await send("POST", `/api/chats/${encodeURIComponent(chatId)}/approvals/${encodeURIComponent(approvalId)}`, body);
+  $("#chat-result").textContent = result.ok ? `approval ${approvalId}: ${approve ? "approved" : "refused"}` : `refused: ${describeError(result)}`;
+  if (!result.ok) li.querySelectorAll("button").forEach((b) => { b.disabled = false; });
+}
+
+// A chaos run (`concierge chaos` started by the console): its output polled while it runs, the verdict at the end.
+let chaosPoll = null;
+
+function showChaos(run) {
+  $("#chaos-output").textContent = run.lines.join("\n");
+  const out = $("#chaos-result");
+  out.dataset.state = run.running ? "running" : run.exit_code === null ? "idle" : "done";
+  out.dataset.exitCode = run.exit_code === null ? "" : String(run.exit_code);
+  if (run.running) out.textContent = `running: ${run.command}`;
+  else if (run.exit_code !== null) out.textContent = `${run.command}: exit ${run.exit_code} (${run.exit_code === 0 ? "promise kept" : "see the verdict"})`;
+  if (!run.running && chaosPoll) { clearInterval(chaosPoll); chaosPoll = null; }
+  if (run.running && !chaosPoll) chaosPoll = setInterval(pollChaos, 1000);
+}
+
+async function pollChaos() {
+  const result = await send("GET", "/api/chaos");
+  if (result.ok) showChaos(result.body);
+}
+
+async function startChaos(event) {
+  event.preventDefault();
+  const form = new FormData($("#chaos-form"));
+  const body = { duration_s: Number(form.get("duration_s")), clients: Number(form.get("clients")) };
+  if (form.get("seed") !== "") body.seed = Number(form.get("seed"));
+  const result = await send("POST", "/api/chaos", body);
+  if (result.ok) showChaos(result.body);
+  else $("#chaos-result").textContent = `refused: ${describeError(result)}`;
+}
+
+async function stopChaos() {
+  const result = await send("DELETE", "/api/chaos");
+  if (!result.ok) $("#chaos-result").textContent = `stop refused: ${describeError(result)}`;
+}
+
 function init() {
   const checkin = new Date(Date.now() + 40 * 86400 * 1000);
   $("#book-form [name=checkin]").value = checkin.toISOString().slice(0, 10);
   $("#book-form").addEventListener("submit", book);
   $("#fault-form").addEventListener("submit", inject);
   $("#clear-faults").addEventListener("click", clearFaults);
+  $("#chat-form").addEventListener("submit", say);
+  $("#chat-new").addEventListener("click", newChat);
+  $("#chat-list").addEventListener("change", (event) => { if (event.target.value) openChat(event.target.value); });
+  loadChats();
+  $("#chaos-form").addEventListener("submit", startChaos);
+  $("#chaos-stop").addEventListener("click", stopChaos);
+  pollChaos();
   watch();
 }
 
 init();
+
+// ---------------------------------------------------------------------------------------------- cascade demo
+let demoStream = null;
+
+function followDemo() {
+  if (demoStream) demoStream.close();
+  const out = $("#demo-output");
+  out.textContent = "";
+  demoStream = new EventSource("/api/demo/stream");
+  demoStream.onmessage = (event) => {
+    out.textContent += event.data + "\n";
+    out.scrollTop = out.scrollHeight;
+  };
+  demoStream.addEventListener("end", (event) => {
+    const code = JSON.parse(event.data).exit_code;
+    out.textContent += code === null ? "" : `(demo ended, exit ${code})\n`;
+    demoStream.close();
+    demoStream = null;
+  });
+}
+
+async function startDemo(layers) {
+  const answer = await send("POST", "/api/demo/cascade", { layers });
+  if (!answer.ok) {
+    $("#demo-output").textContent = (answer.body && answer.body.error && answer.body.error.message) || `HTTP ${answer.status}`;
+    return;
+  }
+  followDemo();
+}
+
+$("#demo-on").addEventListener("click", () => startDemo("on"));
+$("#demo-off").addEventListener("click", () => startDemo("off"));
+$("#demo-stop").addEventListener("click", () => send("DELETE", "/api/demo"));
