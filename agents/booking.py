@@ -77,7 +77,7 @@ from infra.service.openapi import (
     validation_error,
 )
 from infra.settings import Settings, get_settings
-from infra.signals import ShuttingDownError
+from infra.signals import SHUTDOWN_RECONNECT_MS, STREAM_SHUTDOWN_GRACE_S, ShuttingDownError
 from infra.tasks import drain_tasks
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import (
@@ -644,15 +644,9 @@ async def booking_events(
         ping=PING_S,
         send_timeout=SEND_TIMEOUT_S,
         # on SIGTERM sse-starlette cancels the stream at once; this lets it end with its `shutting_down` event
-        shutdown_grace_period=SHUTDOWN_GRACE_S,
+        shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
-
-
-SHUTDOWN_GRACE_S = 1.0
-"""How long a stream may take to end on its own once the server stops (it notices within ``FOLLOW_POLL_S``)."""
-SHUTDOWN_RECONNECT_MS = 1000
-"""What a stream ended by a shutdown tells the client (SSE ``retry:``): reconnect after this, with ``Last-Event-ID``."""
 
 
 async def _follow(

@@ -33,6 +33,7 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from domain.booking import ErrorCode
 from domain.chat import (
     ApprovalExpiredError,
     ApprovalPendingError,
@@ -48,10 +49,10 @@ from infra.a2a.wire import A2A_PATH
 from infra.chats import FeedHub
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.journal import name_instance
-from infra.service import create_service_app
+from infra.service import create_service_app, error_body
 from infra.service.openapi import answers, detail, document_service_token, error, validation_error
 from infra.settings import get_settings
-from infra.signals import on_terminate
+from infra.signals import SHUTDOWN_RECONNECT_MS, STREAM_SHUTDOWN_GRACE_S
 from infra.tasks import drain_tasks
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import remaining_budget
@@ -289,7 +290,8 @@ class ConciergeService:
             raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
         record = await self.expire_if_due(chat_id)
         deadline = time.monotonic() + wait_s
-        while _status_of(record) is ChatStatus.RUNNING and time.monotonic() < deadline:
+        # a stopping process answers what it knows at once (docs/liveness.md): the client asks a replica again
+        while _status_of(record) is ChatStatus.RUNNING and time.monotonic() < deadline and not self.stopping.is_set():
             await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
             record = await self.expire_if_due(chat_id)
         chat = await self.deps.chats.get(chat_id) or chat
@@ -353,9 +355,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await presence.start()
         service = ConciergeService(deps, graph, RunStore(redis), guard, instance)
         app.state.concierge = service
+        app.state.stopping.add(service.stopping.set)
+        app.state.stopping.add(service.hub.wake)  # open streams end at once, with ``shutting_down``
         try:
-            with on_terminate(service.stopping.set):
-                yield
+            yield
         finally:
             try:
                 await service.drain()
@@ -496,6 +499,7 @@ async def chat_events(
         _follow(service, request, chat_id, last_event_id or None),
         ping=PING_S,
         send_timeout=SEND_TIMEOUT_S,
+        shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
@@ -506,7 +510,13 @@ async def _follow(
     async with contextlib.aclosing(service.hub.follow(chat_id, after)) as entries:
         async for entry in entries:
             if not entry:
-                if await request.is_disconnected() or service.stopping.is_set():
+                if service.stopping.is_set():  # the rest from a replica, or after the restart
+                    body = error_body(
+                        ErrorCode.SHUTTING_DOWN, f"{SERVICE} is shutting down: reconnect with Last-Event-ID"
+                    )
+                    yield ServerSentEvent(event="shutting_down", data=json.dumps(body), retry=SHUTDOWN_RECONNECT_MS)
+                    return
+                if await request.is_disconnected():
                     return
                 continue
             yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"], event=entry["kind"])

@@ -51,7 +51,6 @@ from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.journal import name_instance
 from infra.service import create_service_app
 from infra.settings import get_settings
-from infra.signals import on_terminate
 from infra.tasks import stop_task
 from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoverableGraph, RecoveryConsumer
 from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
@@ -296,9 +295,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         install_queue_metrics()
         worker.start()
         logger.info("recovery worker %s scanning every %.2fs", instance, worker.scanner.interval)
+        app.state.stopping.add(worker.consumer.stopping.set)
         try:
-            with on_terminate(worker.consumer.stopping.set):
-                yield
+            yield
         finally:
             try:
                 await worker.stop()

@@ -260,6 +260,9 @@ class FeedHub:
                         raise RuntimeError(f"the journal reader of chat {chat_id} stopped") from None
                     yield {}
                     continue
+                if not entry:  # woken (``wake``): a keep-alive now
+                    yield {}
+                    continue
                 if _stream_id(entry["id"]) <= position:
                     continue
                 position = _stream_id(entry["id"])
@@ -272,6 +275,13 @@ class FeedHub:
         # a reader that failed (Redis): its subscribers notice at their next wait and end (their clients resume)
         if self._readers.get(reader.chat_id) is reader:
             del self._readers[reader.chat_id]
+
+    def wake(self) -> None:
+        """Hand every follower a keep-alive at once: a stopping process's streams see why and end now, not at the
+        next ``FOLLOW_BLOCK_MS``."""
+        for reader in self._readers.values():
+            for queue in reader.queues:
+                queue.put_nowait({})
 
     async def aclose(self) -> None:
         for reader in list(self._readers.values()):

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -409,6 +409,42 @@ def _sse_event(lines: list[str]) -> tuple[str | None, str | None, str]:
     return event_id, event, "\n".join(data)
 
 
+class _UnknownStream(Exception):
+    """The replica answered 404: there is no such journal to follow."""
+
+
+async def _replica_entries(
+    http: httpx.AsyncClient, urls: list[str], path: str, last_id: str | None
+) -> AsyncGenerator[tuple[str | None, str], None]:
+    """One pass over the replicas: the entries ``(id, data)`` of the SSE at ``path`` after ``last_id``, moving on
+    from ``Last-Event-ID`` to the next replica when one goes away mid-stream (killed, restarting); a 404 raises
+    ``_UnknownStream``. Returns once no replica serves the stream any more."""
+    for url in urls:
+        headers = {"Accept": "text/event-stream"}
+        if last_id is not None:
+            headers["Last-Event-ID"] = last_id
+        try:
+            async with http.stream(
+                "GET", f"{url}{path}", headers=headers, timeout=httpx.Timeout(10, read=None)
+            ) as response:
+                if response.status_code == 404:
+                    raise _UnknownStream(path)
+                if response.status_code != 200:
+                    continue
+                lines: list[str] = []
+                async for line in response.aiter_lines():
+                    if line:
+                        lines.append(line)
+                        continue
+                    event_id, _, data = _sse_event(lines)
+                    lines = []
+                    if data:
+                        last_id = event_id or last_id
+                        yield event_id, data
+        except httpx.HTTPError:
+            continue  # the replica went away mid-stream: the next one, or this one again once it is back
+
+
 async def follow_timeline(
     http: httpx.AsyncClient,
     redis: Any,
@@ -417,52 +453,36 @@ async def follow_timeline(
     last_id: str | None,
 ) -> AsyncIterator[ServerSentEvent]:
     """A booking's journal from booking-agent's SSE, as one unbroken stream for the page: when booking-agent goes
-    away mid-stream (killed, restarting, another replica), reconnect with ``Last-Event-ID``, and meanwhile read what
-    the others write (the recovery worker's resume...) from the journal in Redis, until the final entry."""
+    away mid-stream, reconnect with ``Last-Event-ID``, and meanwhile read what the others write (the recovery
+    worker's resume...) from the journal in Redis, until the final entry."""
+    end = ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
     while True:
-        for url in await agents():
-            headers = {"Accept": "text/event-stream"}
-            if last_id is not None:
-                headers["Last-Event-ID"] = last_id
-            try:
-                async with http.stream(
-                    "GET", f"{url}/bookings/{booking_id}/events", headers=headers, timeout=httpx.Timeout(10, read=None)
-                ) as response:
-                    if response.status_code == 404:
-                        yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="unknown")
+        entries = _replica_entries(http, await agents(), f"/bookings/{booking_id}/events", last_id)
+        try:
+            async with contextlib.aclosing(entries):
+                async for event_id, data in entries:
+                    last_id = event_id or last_id
+                    yield ServerSentEvent(data=data, id=event_id)
+                    if _is_final(data):
+                        yield end
                         return
-                    if response.status_code != 200:
-                        continue
-                    lines: list[str] = []
-                    async for line in response.aiter_lines():
-                        if line:
-                            lines.append(line)
-                            continue
-                        event_id, _, data = _sse_event(lines)
-                        lines = []
-                        if not data:
-                            continue
-                        last_id = event_id or last_id
-                        yield ServerSentEvent(data=data, id=event_id)
-                        if _is_final(data):
-                            yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
-                            return
-            except httpx.HTTPError:
-                continue  # the replica went away mid-stream: the next one, or this one again once it is back
+        except _UnknownStream:
+            yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="unknown")
+            return
         # no booking-agent answers: what was written meanwhile, straight from the journal
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
-                entries = await read_journal(redis, booking_id, after=last_id, count=100)
+                journal = await read_journal(redis, booking_id, after=last_id, count=100)
         except Exception:  # Redis down too: keep trying both
-            entries = []
-        for entry in entries:
+            journal = []
+        for entry in journal:
             last_id = str(entry["id"])
             data = json.dumps(entry, separators=(",", ":"))
             yield ServerSentEvent(data=data, id=last_id)
             if _is_final(data):
-                yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
+                yield end
                 return
-        if not entries:
+        if not journal:
             yield ServerSentEvent(comment="no booking-agent answers; following the journal in Redis")
         await asyncio.sleep(RECONNECT_DELAY_S)
 
@@ -471,34 +491,18 @@ async def follow_chat(
     http: httpx.AsyncClient, agents: Callable[[], Awaitable[list[str]]], chat_id: str, last_id: str | None
 ) -> AsyncIterator[ServerSentEvent]:
     """A chat's journal from concierge-agent's SSE as one unbroken stream for the page, for as long as the page
-    reads: a replica that goes away mid-turn (killed, restarting) is replaced by the next one from ``Last-Event-ID``,
-    so the page sees the peer's resume without a gap or a repeat."""
+    reads: a replica that goes away mid-turn is replaced by the next one from ``Last-Event-ID``, so the page sees
+    the peer's resume without a gap or a repeat."""
     while True:
-        for url in await agents():
-            headers = {"Accept": "text/event-stream"}
-            if last_id is not None:
-                headers["Last-Event-ID"] = last_id
-            try:
-                async with http.stream(
-                    "GET", f"{url}/chats/{chat_id}/events", headers=headers, timeout=httpx.Timeout(10, read=None)
-                ) as response:
-                    if response.status_code == 404:
-                        yield ServerSentEvent(data=json.dumps({"chat_id": chat_id}), event="unknown")
-                        return
-                    if response.status_code != 200:
-                        continue
-                    lines: list[str] = []
-                    async for line in response.aiter_lines():
-                        if line:
-                            lines.append(line)
-                            continue
-                        event_id, _, data = _sse_event(lines)
-                        lines = []
-                        if data:
-                            last_id = event_id or last_id
-                            yield ServerSentEvent(data=data, id=event_id)
-            except httpx.HTTPError:
-                continue  # the replica went away mid-stream: the next one, or this one again once it is back
+        entries = _replica_entries(http, await agents(), f"/chats/{chat_id}/events", last_id)
+        try:
+            async with contextlib.aclosing(entries):
+                async for event_id, data in entries:
+                    last_id = event_id or last_id
+                    yield ServerSentEvent(data=data, id=event_id)
+        except _UnknownStream:
+            yield ServerSentEvent(data=json.dumps({"chat_id": chat_id}), event="unknown")
+            return
         yield ServerSentEvent(comment="no concierge-agent answers; trying again")
         await asyncio.sleep(RECONNECT_DELAY_S)
 

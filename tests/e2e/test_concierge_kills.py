@@ -10,6 +10,7 @@ assertions beyond the waits' bounds (the figures are printed).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import time
@@ -251,6 +252,45 @@ def test_the_sse_stream_resumes_across_a_restart_without_gap_or_repeat(stack: St
         after = _read_ids(response, lambda entry: entry["kind"] == "turn_finished")
     assert chat(stack, chat_id)["status"] == "idle"
     assert before + after == [entry["id"] for entry in events(stack, chat_id)]  # no gap, no repeat
+
+
+def test_sigterm_answers_the_open_long_poll_and_ends_the_stream_with_shutting_down(stack: Stack) -> None:
+    """A stopping concierge-agent answers what it holds at once (as booking-agent does): the long-poll gets the chat
+    as it stands, the SSE ends with ``shutting_down``, neither waits for uvicorn's graceful timeout nor becomes a
+    500; the turn it held is resumed by recovery and finishes."""
+    stack.fault("llm-api", model=None, first_token_latency_s=20.0)
+    chat_id = new_chat(stack)
+    say(stack, chat_id, "hello there, what can you do for me today?")
+    agent = stack.services["concierge-agent"]
+    headers = {"Accept": "text/event-stream"}
+
+    def stream_lines() -> list[str]:
+        with httpx.stream("GET", url(stack, f"/chats/{chat_id}/events"), headers=headers, timeout=60) as response:
+            assert response.status_code == 200
+            return list(response.iter_lines())
+
+    def long_poll() -> httpx.Response:
+        return httpx.get(url(stack, f"/chats/{chat_id}"), params={"wait": 40}, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        lines, poll = pool.submit(stream_lines), pool.submit(long_poll)
+        time.sleep(2.0)  # both open and waiting, the turn's model call in flight
+        assert not lines.done() and not poll.done()
+        signalled = time.monotonic()
+        assert agent.terminate() in (0, -15)
+        answered = poll.result(timeout=30)
+        streamed = lines.result(timeout=30)
+        took = time.monotonic() - signalled
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["status"] == "running"  # the chat as it stands
+    assert "event: shutting_down" in streamed and "retry: 1000" in streamed, streamed[-10:]
+    assert took < 5.0, f"answered at once, not at the graceful timeout ({took:.1f}s)"
+    log = agent.log_text()
+    assert "graceful shutdown exceeded" not in log and "Traceback" not in log, log[-3000:]
+    stack.fault("llm-api")
+    restart(stack)
+    assert chat(stack, chat_id, wait=60)["status"] == "idle"
+    assert chat(stack, chat_id)["last_turn"]["outcome"] == "answered"
 
 
 def test_verify_is_clean_after_every_kill(stack: Stack) -> None:
