@@ -64,6 +64,9 @@ A2A_PATHS = ("/a2a",)
 """Left out of the agents' runs (see the module docstring)."""
 FAULTS_PATH = "/admin/faults"
 PROVIDERS = ("hotel-api", "payment-api", "llm-api")
+FAULTED = (*PROVIDERS, "search-agent")
+"""The services with ``/admin/faults``: fuzzed in a pass of its own, last, and cleared after it (a generated PUT that
+hangs search-agent would otherwise time out the rest of its pass)."""
 MODEL_API = "^/v1/"
 """llm-api's OpenAI-compatible routes: their own run, with the model API key instead of the admin token."""
 CHAT_PATH = "/v1/chat/completions"
@@ -334,12 +337,13 @@ def main() -> int:
             checkpointer = "Postgres" if database_url else "SQLite"
             print(f"api-check: {len(services)} services up in {time.monotonic() - started:.1f}s ({checkpointer})")
             passes: list[tuple[str, str | None, list[str]]] = [
-                (name, None, [FAULTS_PATH] if name in PROVIDERS else [*A2A_PATHS]) for name in services
+                (name, None, [*([] if name in PROVIDERS else A2A_PATHS), *([FAULTS_PATH] if name in FAULTED else [])])
+                for name in services
             ]
             if "llm-api" in services:
                 passes[services.index("llm-api")][2].append(MODEL_API)
                 passes.append(("llm-api", MODEL_API, []))
-            passes += [(name, FAULTS_PATH, []) for name in services if name in PROVIDERS]
+            passes += [(name, FAULTS_PATH, []) for name in services if name in FAULTED]
             (work / "schemathesis.toml").write_text(CONFIG)
             for name, include, exclude in passes:
                 label = name if include is None else f"{name} {include}"
