@@ -41,7 +41,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -64,9 +64,9 @@ from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
-from infra.error_table import answer_for, answer_response, error_body
+from infra.error_table import answer_for, answer_response
 from infra.journal import is_final, name_instance, read_journal
-from infra.service import create_service_app
+from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import (
     RETRY_AFTER,
     answers,
@@ -77,7 +77,7 @@ from infra.service.openapi import (
     validation_error,
 )
 from infra.settings import Settings, get_settings
-from infra.signals import SHUTDOWN_RECONNECT_MS, STREAM_SHUTDOWN_GRACE_S, ShuttingDownError
+from infra.signals import ShuttingDownError
 from infra.tasks import drain_tasks
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import (
@@ -533,11 +533,6 @@ FOLLOW_POLL_S = 0.2
 """How often a live stream looks for new journal entries (any process, any replica may write them)."""
 FOLLOW_STATUS_EVERY = 5
 """Idle polls between two looks at the booking's status (a journal that lost its final entry still ends)."""
-PING_S = 15.0
-"""Keep-alive comments while a stream waits (proxies close silent connections)."""
-SEND_TIMEOUT_S = 30.0
-"""A client that takes no bytes for this long is dropped: a stream never queues more than one send for it."""
-STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
 """An entry id (``<ms>-<seq>``; ``<ms>`` alone: after every entry of that millisecond, ``0``: from the start), each
 part within Redis's 64-bit range."""
 
@@ -639,14 +634,7 @@ async def booking_events(
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
     if "text/event-stream" not in request.headers.get("accept", ""):
         return {"booking_id": booking_id, "events": await read_journal(redis, booking_id, after=last_event_id or None)}
-    return EventSourceResponse(
-        _follow(redis, store, booking_id, last_event_id or None),
-        ping=PING_S,
-        send_timeout=SEND_TIMEOUT_S,
-        # on SIGTERM sse-starlette cancels the stream at once; this lets it end with its `shutting_down` event
-        shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return journal_response(_follow(redis, store, booking_id, last_event_id or None))
 
 
 async def _follow(
@@ -657,9 +645,7 @@ async def _follow(
         final = is_final(entry)
         yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
     if not final and app.state.stopping.is_set():
-        # ended by a shutdown, not by the booking: say so, and when to resume (a replica, or the restarted process)
-        body = error_body(ErrorCode.SHUTTING_DOWN, f"{SERVICE} is shutting down: reconnect with Last-Event-ID")
-        yield ServerSentEvent(event="shutting_down", data=json.dumps(body), retry=SHUTDOWN_RECONNECT_MS)
+        yield shutting_down_event(SERVICE)  # ended by a shutdown, not by the booking
 
 
 async def _entries(

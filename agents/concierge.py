@@ -31,9 +31,8 @@ from typing import Annotated, Any, Final
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
-from domain.booking import ErrorCode
 from domain.chat import (
     ApprovalExpiredError,
     ApprovalPendingError,
@@ -49,10 +48,9 @@ from infra.a2a.wire import A2A_PATH
 from infra.chats import FeedHub
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.journal import name_instance
-from infra.service import create_service_app, error_body
+from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import answers, detail, document_service_token, error, validation_error
 from infra.settings import get_settings
-from infra.signals import SHUTDOWN_RECONNECT_MS, STREAM_SHUTDOWN_GRACE_S
 from infra.tasks import drain_tasks
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import remaining_budget
@@ -69,9 +67,6 @@ WAIT_POLL_S: Final = 0.05
 """How often a long-poll looks at the turn (any replica, or the recovery worker, may be running it)."""
 PARK_WAIT_S: Final = 10.0
 """The longest an approval waits for its run to park (the approval is announced just before)."""
-PING_S: Final = 15.0
-SEND_TIMEOUT_S: Final = 30.0
-STREAM_ID_PATTERN: Final = r"^\d{1,19}(-\d{1,19})?$"
 PAYMENT_TOKEN_PATTERN: Final = r"^tok_[A-Za-z0-9_]+$"
 CHAT_ID_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
 EXPIRED: Final = {"approve": False, "expired": True}
@@ -495,13 +490,7 @@ async def chat_events(
     await service._known(chat_id)
     if "text/event-stream" not in request.headers.get("accept", ""):
         return {"chat_id": chat_id, "events": await service.deps.feed.read(chat_id, after=last_event_id or None)}
-    return EventSourceResponse(
-        _follow(service, request, chat_id, last_event_id or None),
-        ping=PING_S,
-        send_timeout=SEND_TIMEOUT_S,
-        shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return journal_response(_follow(service, request, chat_id, last_event_id or None))
 
 
 async def _follow(
@@ -511,10 +500,7 @@ async def _follow(
         async for entry in entries:
             if not entry:
                 if service.stopping.is_set():  # the rest from a replica, or after the restart
-                    body = error_body(
-                        ErrorCode.SHUTTING_DOWN, f"{SERVICE} is shutting down: reconnect with Last-Event-ID"
-                    )
-                    yield ServerSentEvent(event="shutting_down", data=json.dumps(body), retry=SHUTDOWN_RECONNECT_MS)
+                    yield shutting_down_event(SERVICE)
                     return
                 if await request.is_disconnected():
                     return

@@ -20,23 +20,12 @@ import signal
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-__all__ = [
-    "RETRY_AFTER_SHUTDOWN_S",
-    "SHUTDOWN_RECONNECT_MS",
-    "STREAM_SHUTDOWN_GRACE_S",
-    "ShuttingDownError",
-    "Stopping",
-    "on_terminate",
-]
+__all__ = ["RETRY_AFTER_SHUTDOWN_S", "ShuttingDownError", "Stopping", "on_terminate"]
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_SHUTDOWN_S = 1.0
 """What a request refused by a stopping service is told to wait: a replica answers at once, a restart in seconds."""
-SHUTDOWN_RECONNECT_MS = 1000
-"""What a stream ended by a shutdown tells the client (SSE ``retry:``): reconnect after this, with ``Last-Event-ID``."""
-STREAM_SHUTDOWN_GRACE_S = 1.0
-"""How long a stream may take to end on its own once the server stops (sse-starlette cancels it after that)."""
 
 
 class ShuttingDownError(Exception):

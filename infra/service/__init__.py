@@ -6,10 +6,12 @@ from infra.service.health import READY_CHECK_TIMEOUT_S, ReadyCheck
 from infra.service.logs import configure_logging
 from infra.service.middleware import MAX_BODY_BYTES
 from infra.service.state import ServiceInfo, get_redis
+from infra.service.streams import STREAM_ID_PATTERN, journal_response, shutting_down_event
 
 __all__ = [
     "MAX_BODY_BYTES",
     "READY_CHECK_TIMEOUT_S",
+    "STREAM_ID_PATTERN",
     "Lifespan",
     "ReadyCheck",
     "ServiceInfo",
@@ -17,4 +19,6 @@ __all__ = [
     "create_service_app",
     "error_body",
     "get_redis",
+    "journal_response",
+    "shutting_down_event",
 ]

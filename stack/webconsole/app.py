@@ -37,7 +37,7 @@ from infra.auth import admin_token
 from infra.bookings import BookingStore
 from infra.clients import ProviderUnavailableError
 from infra.journal import read_journal
-from infra.service import create_service_app, error_body, get_redis
+from infra.service import STREAM_ID_PATTERN, create_service_app, error_body, get_redis
 from infra.settings import Settings, get_settings
 from recovery import DeadLetterQueue, RecoveryQueue
 from stack.console import stack_paths
@@ -75,7 +75,6 @@ MAX_CHAT_TEXT = 8 * 1024
 PAYMENT_TOKEN_PATTERN = r"^tok_[A-Za-z0-9_]+$"
 CHATS_SHOWN = 25
 MAX_CHAT_WAIT_S = 30.0
-STREAM_ID_PATTERN = r"^\d{1,19}(-\d{1,19})?$"
 """A journal entry id as booking-agent takes it in ``Last-Event-ID`` (``<ms>-<seq>``, or ``<ms>`` alone)."""
 
 
