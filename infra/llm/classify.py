@@ -1,13 +1,17 @@
 """Provider exceptions (openai's, httpx's, langchain's) into ``infra.llm.errors``: the one place that reads the
-provider's status, error code, ``x-should-retry`` and ``retry-after`` headers."""
+provider's status, error code, ``x-should-retry`` and ``retry-after`` headers.
+
+``openai`` is not imported here: it loads with the first model call (``infra.llm.model``), and before that no
+exception can be one of its own, so a service's start-up does not pay for it.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import openai
 from langchain_core.exceptions import ContextOverflowError
 
 from infra.llm.errors import (
@@ -20,6 +24,9 @@ from infra.llm.errors import (
     ModelTimeoutError,
     ModelUnavailableError,
 )
+
+if TYPE_CHECKING:
+    import openai
 
 __all__ = ["classify", "retry_after_of"]
 
@@ -67,7 +74,8 @@ def classify(exc: BaseException, model: str) -> ModelError | None:
     """The ``ModelError`` for a provider's exception (``None``: not a provider error, let it through)."""
     if isinstance(exc, ModelError):
         return exc
-    if isinstance(exc, openai.APIStatusError):
+    loaded = sys.modules.get("openai")  # not loaded: not an openai exception
+    if loaded is not None and isinstance(exc, loaded.APIStatusError):
         status = exc.status_code
         headers = exc.response.headers
         hint = _should_retry(headers)
@@ -90,8 +98,8 @@ def classify(exc: BaseException, model: str) -> ModelError | None:
         return ModelBadRequestError(message, **kwargs)
     if isinstance(exc, ContextOverflowError):  # langchain-openai's in-stream variant has no status
         return ModelContextTooLongError(f"{model}: {exc}", model=model, status=400)
-    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
+    if isinstance(exc, httpx.TimeoutException) or (loaded is not None and isinstance(exc, loaded.APITimeoutError)):
         return ModelTimeoutError(f"{model}: the model did not answer in time ({exc})", model=model)
-    if isinstance(exc, openai.APIConnectionError | httpx.TransportError | openai.APIError):
+    if isinstance(exc, httpx.TransportError) or (loaded is not None and isinstance(exc, loaded.APIError)):
         return ModelUnavailableError(f"{model}: {type(exc).__name__}: {exc}", model=model)
     return None

@@ -18,12 +18,11 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.runnables import Runnable
-from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
 from infra.auth import llm_api_key
@@ -50,6 +49,9 @@ from resilience.errors import (
     ResilienceError,
 )
 from resilience.policy import ResiliencePolicy, policy_for
+
+if TYPE_CHECKING:
+    from langchain_openai import ChatOpenAI
 
 __all__ = ["Budget", "ChatModel", "ModelEvents", "ModelReply", "Usage", "estimate_tokens"]
 
@@ -167,21 +169,33 @@ class _Endpoint:
         self.name = f"llm_{role}"
         self.model = model
         self.base_url = base_url
-        self.chat = ChatOpenAI(
-            model=model,
-            base_url=base_url,
-            api_key=SecretStr(api_key),
-            max_retries=0,  # the policy's retry loop is the only one
-            timeout=httpx.Timeout(settings.llm_timeout_s, connect=min(5.0, settings.llm_timeout_s)),
-            stream_usage=True,
-            include_response_headers=True,
-        )
+        self._api_key = api_key
+        self._timeout_s = settings.llm_timeout_s
+        self._chat: ChatOpenAI | None = None
         self._bound: dict[str, Runnable[Any, Any]] = {}
         self._last: tuple[Sequence[dict[str, Any]], Runnable[Any, Any]] | None = None
         self._policy: tuple[ResiliencePolicy, ResiliencePolicy] | None = None
         self.typical_s = 1.0
         """What a call to this endpoint takes lately (a moving average of the answered ones): a limiter's slot must
         leave that much of the budget, or waiting for it only to run out of time helps nobody."""
+
+    @property
+    def chat(self) -> ChatOpenAI:
+        """Built at the first call: ``langchain_openai`` (and ``openai``) cost a second of import on a 2-core
+        machine, which a service's start-up (and the recovery worker's, which may never resume a chat) need not pay."""
+        if self._chat is None:
+            from langchain_openai import ChatOpenAI
+
+            self._chat = ChatOpenAI(
+                model=self.model,
+                base_url=self.base_url,
+                api_key=SecretStr(self._api_key),
+                max_retries=0,  # the policy's retry loop is the only one
+                timeout=httpx.Timeout(self._timeout_s, connect=min(5.0, self._timeout_s)),
+                stream_usage=True,
+                include_response_headers=True,
+            )
+        return self._chat
 
     def took(self, seconds: float) -> None:
         self.typical_s = 0.8 * self.typical_s + 0.2 * seconds

@@ -554,14 +554,11 @@ async def test_the_handler_runs_under_the_callers_budget_minus_the_margin(client
 
 
 async def test_the_handler_is_cancelled_when_the_budget_ends(client: A2AClient, probe: Probe) -> None:
-    started = time.monotonic()
     with budget_scope(0.3), pytest.raises(A2ATimeoutError) as info:
-        await client.call("slow", {})
-    elapsed = time.monotonic() - started
-    assert elapsed < 2.0  # failed fast, did not wait for the 5 s handler
+        await client.call("slow", {})  # had it waited for the 5 s handler, the call would have answered
     assert isinstance(info.value, BudgetExhaustedError)  # the booking flow can answer "timeout"
     assert probe.slow_started.is_set()
-    await asyncio.wait_for(probe.slow_cancelled.wait(), timeout=2.0)
+    await asyncio.wait_for(probe.slow_cancelled.wait(), timeout=30)  # cut, not run to its end
 
 
 async def test_no_call_is_made_when_the_budget_is_already_spent(client: A2AClient, probe: Probe) -> None:
@@ -639,10 +636,9 @@ async def test_calls_beyond_the_bulkhead_are_refused_quickly(client: A2AClient, 
     held = [asyncio.create_task(client.call("hold", {})) for _ in range(2)]
     try:
         await asyncio.wait_for(probe.all_held.wait(), timeout=5)
-        started = time.monotonic()
         with pytest.raises(A2AUnavailableError) as info:
             await client.call("hold", {})
-        assert time.monotonic() - started < 1.0
+        assert not any(task.done() for task in held), "refused while both slots were still held, not once one freed"
         assert info.value.code == "bulkhead_full"
         assert not isinstance(info.value, NonRetryableError)
     finally:

@@ -190,13 +190,11 @@ async def test_failure_releases_the_claim_so_a_retry_runs(redis: Redis) -> None:
     failing = Body(fail=True)
     with pytest.raises(RuntimeError, match="500"):
         await make(redis, failing, lease_s=30)(STATE, CONFIG)
-    assert await redis.exists(record_key()) == 0
+    assert await redis.exists(record_key()) == 0, "released: no 30 s lease left for the retry to wait out"
 
     retry = Body("retry")
-    started = time.monotonic()
     result = await make(redis, retry, lease_s=30)(STATE, CONFIG)
 
-    assert time.monotonic() - started < 5  # did not wait out the 30 s lease
     assert retry.calls == 1
     assert result["reservation_id"] == "retry-1"
 
@@ -266,10 +264,9 @@ async def test_waiter_is_bounded_by_the_timeout_budget(redis: Redis) -> None:
     owner = asyncio.create_task(make(redis, owner_body)(STATE, CONFIG))
     await asyncio.wait_for(owner_body.started.wait(), 5)
     try:
-        started = time.monotonic()
         with budget_scope(0.3), pytest.raises(BudgetExhaustedError, match=NAME):
             await make(redis, waiter_body)(STATE, CONFIG)
-        assert time.monotonic() - started < 2
+        assert not owner.done(), "gave up at its budget while the owner was still running"
         assert waiter_body.calls == 0
     finally:
         gate.set()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -142,7 +143,7 @@ async def test_a_resumed_run_pauses_only_within_the_bookings_own_deadline_not_it
     api, hotels = hotel_api
     open_breaker("hotel_api", open_for=1.0)
     with caplog.at_level(logging.INFO):
-        record, elapsed = await run_booking(
+        record, _ = await run_booking(
             redis,
             hotels,
             SearchAgent([offer("h1", 90)]),
@@ -152,8 +153,8 @@ async def test_a_resumed_run_pauses_only_within_the_bookings_own_deadline_not_it
         )
 
     assert record["status"] == "failed" and record["error"]["code"] == "provider_unavailable"
-    assert not pauses(caplog) and api.requests == []
-    assert elapsed < 1.0, f"ended at once, not after the breaker's second: {elapsed:.2f}s"
+    assert not pauses(caplog), "ended at once, without waiting out the breaker's second"
+    assert api.requests == []
 
 
 async def test_an_outage_that_outlasts_the_budget_fails_the_booking_within_it_compensated(
@@ -168,10 +169,14 @@ async def test_an_outage_that_outlasts_the_budget_fails_the_booking_within_it_co
     payment = PaymentAgent(payment_api_down)
     budget_s = 5.0
     with caplog.at_level(logging.INFO):
-        record, elapsed = await run_booking(redis, hotels, SearchAgent([offer("h1", 90)]), payment, budget_s=budget_s)
+        # a hang guard only: an outage that never ends would keep a budget-blind run pausing forever
+        record, _ = await asyncio.wait_for(
+            run_booking(redis, hotels, SearchAgent([offer("h1", 90)]), payment, budget_s=budget_s), 60
+        )
 
     assert record["status"] == "failed" and record["error"]["code"] == "provider_unavailable"
-    assert elapsed < budget_s + 3.0, f"the booking ends within its budget (and its compensation): {elapsed:.1f}s"
+    paused_s = sum(float(m.group(1)) for r in pauses(caplog) if (m := re.search(r"again in ([\d.]+)s", r.getMessage())))
+    assert paused_s <= budget_s, f"the booking ends within its budget: it paused {paused_s:.1f}s of its {budget_s}s"
     assert len(payment.charges) >= 2, "the charge was tried again after each pause"
     # one pause between two charges; once a pause no longer fits, the step may run once more without one and take
     # the outage as its answer (runs.runner), or find the budget spent before it sends
@@ -182,30 +187,34 @@ async def test_an_outage_that_outlasts_the_budget_fails_the_booking_within_it_co
 
 
 async def test_a_charge_refused_by_the_breaker_fails_at_once_and_is_not_compensated(
-    redis: Redis, hotel_api: Any
+    redis: Redis, hotel_api: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     api, hotels = hotel_api
     open_breaker("payment_api", open_for=60.0)  # far beyond the budget: no pause fits
     payment = PaymentAgent(charged)
-    record, elapsed = await run_booking(redis, hotels, SearchAgent([offer("h1", 90)]), payment, budget_s=5)
+    with caplog.at_level(logging.INFO):
+        record, _ = await run_booking(redis, hotels, SearchAgent([offer("h1", 90)]), payment, budget_s=5)
 
     assert record["status"] == "failed" and record["error"]["code"] == "provider_unavailable"
-    assert elapsed <= 1.0, f"a charge that never left fails at once, took {elapsed:.2f}s"
+    assert not pauses(caplog), "a charge that never left fails at once, without a pause"
     assert payment.charges == [] and payment.refunds == [], "nothing left, nothing to refund"
     assert api.requests == [("reserve", "h1"), ("cancel", "res-h1")], "the hold is released all the same"
 
 
-async def test_a_charge_refused_by_payment_agents_breaker_is_not_refunded(redis: Redis, hotel_api: Any) -> None:
+async def test_a_charge_refused_by_payment_agents_breaker_is_not_refunded(
+    redis: Redis, hotel_api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     api, hotels = hotel_api
 
     def refused_there(data: dict[str, Any]) -> Any:
         raise A2ASkillError("provider_unavailable", "payment_api: circuit open", {"sent": False, "retry_after": 60.0})
 
     payment = PaymentAgent(refused_there)
-    record, elapsed = await run_booking(redis, hotels, SearchAgent([offer("h1", 90)]), payment, budget_s=5)
+    with caplog.at_level(logging.INFO):
+        record, _ = await run_booking(redis, hotels, SearchAgent([offer("h1", 90)]), payment, budget_s=5)
 
     assert record["status"] == "failed" and record["error"]["code"] == "provider_unavailable"
-    assert elapsed <= 1.0, f"a charge that never left fails at once, took {elapsed:.2f}s"
+    assert not pauses(caplog), "a charge that never left fails at once, without a pause"
     assert len(payment.charges) == 1 and payment.refunds == []
     assert api.requests == [("reserve", "h1"), ("cancel", "res-h1")]
 

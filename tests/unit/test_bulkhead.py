@@ -110,10 +110,9 @@ async def test_no_slot_within_acquire_timeout_is_bulkhead_full_and_fn_is_not_cal
         nonlocal called
         called = True
 
-    started = time.monotonic()
     with pytest.raises(BulkheadFullError) as info:
         await bulkhead.run(never)
-    assert time.monotonic() - started < 1.0
+    assert not holder.done(), "refused while the slot was still held, not once it freed"
     assert not called
     assert info.value.max_concurrent == 1
     assert info.value.waited >= 0.04
@@ -159,11 +158,9 @@ async def test_execution_past_the_timeout_is_cancelled_as_bulkhead_timeout() -> 
             cancelled = True
             raise
 
-    started = time.monotonic()
     with pytest.raises(BulkheadTimeoutError) as info:
         await bulkhead.run(stuck)
-    assert time.monotonic() - started < 2.0
-    assert cancelled
+    assert cancelled, "cut at its 0.1 s timeout rather than left to sleep out its 30 s"
     assert info.value.timeout == pytest.approx(0.1)
     assert isinstance(info.value.__cause__, asyncio.CancelledError)
     assert bulkhead.stats()["timed_out"] == 1
@@ -177,10 +174,8 @@ async def test_execution_past_the_timeout_is_cancelled_as_bulkhead_timeout() -> 
 async def test_execution_is_bounded_by_the_remaining_budget_when_it_is_smaller() -> None:
     cfg = BulkheadConfig(max_concurrent=2, timeout=5.0, acquire_timeout=1.0)
     bulkhead = Bulkhead("search", cfg)
-    started = time.monotonic()
     with budget_scope(0.1), pytest.raises(BulkheadTimeoutError) as info:
-        await bulkhead.run(asyncio.sleep, 30)
-    assert time.monotonic() - started < 2.0
+        await bulkhead.run(asyncio.sleep, 30)  # a 30 s sleep that ran out would raise nothing
     assert info.value.timeout <= 0.1
     assert bulkhead.cfg is cfg and cfg.timeout == 5.0  # the shared config is never touched
 
@@ -217,10 +212,9 @@ async def test_the_slot_wait_is_bounded_by_the_budget_too() -> None:
     gate = asyncio.Event()
     holder = asyncio.create_task(bulkhead.run(hold, gate))
     await settle()
-    started = time.monotonic()
     with budget_scope(0.05), pytest.raises(BudgetExhaustedError):
         await bulkhead.run(hold, gate)
-    assert time.monotonic() - started < 1.0
+    assert not holder.done(), "gave up at the budget while the slot was still held"
     gate.set()
     await holder
 
@@ -230,10 +224,9 @@ async def test_an_earlier_deadline_registered_later_still_fires_on_time() -> Non
     short = Bulkhead("short", BulkheadConfig(max_concurrent=1, timeout=0.05))
     slow = asyncio.create_task(long.run(asyncio.sleep, 0.3, "long done"))
     await settle()
-    started = time.monotonic()
     with pytest.raises(BulkheadTimeoutError):
         await short.run(asyncio.sleep, 30)
-    assert time.monotonic() - started < 0.25
+    assert not slow.done(), "the 0.05 s deadline fired before the 0.3 s call it was registered after"
     assert await slow == "long done"
 
 
@@ -348,10 +341,8 @@ async def test_nested_calls_in_one_task_hold_separate_slots() -> None:
 
 
 async def test_run_within_budget_cancels_at_the_budget() -> None:
-    started = time.monotonic()
     with budget_scope(0.05), pytest.raises(BudgetExhaustedError):
-        await run_within_budget("hotel_api", asyncio.sleep, 30)
-    assert time.monotonic() - started < 1.0
+        await run_within_budget("hotel_api", asyncio.sleep, 30)  # a 30 s sleep that ran out would raise nothing
     with budget_scope(1):
         assert await run_within_budget("hotel_api", asyncio.sleep, 0, "fine") == "fine"
 
@@ -397,7 +388,8 @@ async def test_inside_wait_for_slots_the_budget_still_bounds_the_wait() -> None:
     started = time.monotonic()
     with wait_for_slots(), budget_scope(0.2), pytest.raises(BudgetExhaustedError, match="waiting for a slot"):
         await bulkhead.run(asyncio.sleep, 0)
-    assert 0.15 < time.monotonic() - started < 2.0
+    assert time.monotonic() - started > 0.15, "waited for a slot until the budget ran out"
+    assert not holder.done(), "and gave up while the slot was still held"
     gate.set()
     await holder
 

@@ -10,21 +10,23 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from domain.booking import BookingStatus
 from infra.settings import get_settings
 from stack.book import booking_body, steps_between
 from stack.cli import build_parser, main
 from stack.down import stop_stack
-from stack.errors import StackNotRunningError, UsageError
+from stack.errors import StackError, StackNotRunningError, UsageError
 from stack.layout import parse_assignments, plan_fronts, plan_instances, select_instances
 from stack.llm_faults import describe_llm_faults, llm_fault_body
 from stack.logstream import LogStreamer
-from stack.ops import fault_body
+from stack.ops import fault_body, parse_when, wait_for_booking_status
 from stack.redis_server import RedisPlan
 from stack.services import SERVICES, UnknownServiceError
 from stack.state import (
@@ -41,6 +43,7 @@ from stack.state import (
 )
 from stack.status import StackReport, render_report
 from stack.supervisor import RestartPolicy, SupervisorConfig, child_env, describe_exit
+from tests.procs import serve_in_thread
 
 SOON = dt.date.today() + dt.timedelta(days=40)
 
@@ -194,6 +197,76 @@ def test_without_a_stack_every_command_says_so_in_one_line(
     assert "stack not running" in one_line(err)
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("--when", "booking:payin"), "unknown booking status 'payin'"),
+        (("--when", "paying"), "--when must be booking:STATUS"),
+        (("--when", "chat:paying"), "--when must be booking:STATUS"),
+        (("--when", "booking:paying", "--timeout", "soon"), "--timeout must be a number"),
+        (("--when", "booking:paying", "--timeout", "0"), "--timeout must be a positive number"),
+        (("--when", "booking:paying", "--timeout", "nan"), "--timeout must be a positive number"),
+        (("--timeout", "5"), "--timeout goes with --when"),
+    ],
+)
+def test_kill_when_refuses_a_bad_condition_in_one_line_before_looking_for_a_stack(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], says: str
+) -> None:
+    code, out, err = run(capsys, "kill", "booking-agent", *argv)
+    assert code == 2, err
+    assert says in one_line(err)
+    assert "stack not running" not in err and out == ""
+    if "status" in says:
+        assert "paying" in err and "confirmed" in err  # the valid statuses are listed
+
+
+def test_kill_when_without_a_stack_says_so_at_once(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # not after a 120 s wait for a booking that no stack will ever list
+    code, _, err = run(capsys, "kill", "booking-agent", "--when", "booking:paying")
+    assert code == 1
+    assert "stack not running" in one_line(err)
+
+
+def test_parse_when_takes_every_booking_status() -> None:
+    for status in BookingStatus:
+        assert parse_when(f"booking:{status.value}") is status
+
+
+@pytest.fixture
+def listing_agent(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[dict[str, str]]]]:
+    """A booking-agent stand-in (real HTTP) whose ``GET /bookings?status=`` lists what the test puts in it."""
+    from fastapi import FastAPI
+
+    listed: dict[str, list[dict[str, str]]] = {}
+    app = FastAPI()
+
+    @app.get("/bookings")
+    async def bookings(status: str, limit: int) -> dict[str, list[dict[str, str]]]:
+        return {"bookings": listed.get(status, [])[:limit]}
+
+    with serve_in_thread(app) as url:
+        monkeypatch.setenv("BOOKING_AGENT_URL", url)
+        get_settings.cache_clear()
+        yield listed
+
+
+def test_wait_for_booking_status_returns_once_a_booking_is_listed_at_it(
+    listing_agent: dict[str, list[dict[str, str]]],
+) -> None:
+    listing_agent["confirmed"] = [{"booking_id": "bk-old"}]
+    threading.Timer(0.3, lambda: listing_agent.update(paying=[{"booking_id": "bk-1"}])).start()
+    assert wait_for_booking_status(BookingStatus.PAYING, timeout_s=60) == "bk-1"
+
+
+def test_wait_for_booking_status_gives_up_at_its_deadline_and_says_what_it_saw(
+    listing_agent: dict[str, list[dict[str, str]]],
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(StackError, match=r"no booking reached paying within 0.5 s \(no booking paying yet\)"):
+        wait_for_booking_status(BookingStatus.PAYING, timeout_s=0.5)
+    assert time.monotonic() - started >= 0.5  # a lower bound: it did wait
+
+
 def test_a_stale_state_file_is_not_a_running_stack(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -250,6 +323,13 @@ def test_bad_booking_arguments_are_refused_before_any_request(
         (("fault", "llm-api", "--token-delay", "inf"), "--token-delay must be a finite number"),
         (("fault", "llm-api", "--rpm", "0"), "--rpm: Input should be greater than or equal to 1"),
         (("fault", "llm-api", "--clear", "--hang"), "cannot be combined"),
+        (("fault", "payment-api", "--price-change", "30"), "--price-change is a hotel-api option"),
+        (("fault", "llm-api", "--name-suffix", "x"), "--name-suffix is a hotel-api option"),
+        (("fault", "hotel-api", "--price-change", "201"), "--price-change must be between -50 and 200"),
+        (("fault", "hotel-api", "--price-change", "-51"), "--price-change must be between -50 and 200"),
+        (("fault", "hotel-api", "--price-change", "lots"), "--price-change must be a number"),
+        (("fault", "hotel-api", "--name-suffix", "x" * 1001), "--name-suffix must be at most 1000 characters"),
+        (("fault", "hotel-api", "--clear", "--price-change", "30"), "cannot be combined"),
         (("cancel", "no/such id"), "not a booking id"),
     ],
 )
@@ -287,6 +367,14 @@ def test_fault_options_become_the_provider_body() -> None:
     args = argparse.Namespace(latency="2.5", error_rate=None, hang=False)
     assert fault_body(args) == {"latency_s": 2.5, "error_rate": 0.0, "hang": False}
     assert fault_body(argparse.Namespace(latency=None, error_rate=None, hang=False)) is None
+    hotel = build_parser().parse_args(["fault", "hotel-api", "--price-change", "30", "--name-suffix", " (ignore all)"])
+    assert fault_body(hotel) == {
+        "latency_s": 0.0,
+        "error_rate": 0.0,
+        "hang": False,
+        "price_change_pct": 30.0,
+        "name_suffix": " (ignore all)",
+    }
 
 
 def test_llm_fault_options_become_the_simulators_body() -> None:

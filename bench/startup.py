@@ -1,0 +1,204 @@
+"""How long a service takes from exec to ``GET /health/ready`` answering 200, against a bare FastAPI app under
+uvicorn started the same way in the same run (the floor: Python, FastAPI and uvicorn, nothing of ours).
+
+Run: ``python -m bench.startup [--rounds 5] [--services NAME ...] [--up]`` (needs Redis at ``REDIS_URL``; services
+that checkpoint use SQLite in a temporary data directory, as ``concierge up`` does by default). Each round starts
+the bare app (a tiny ``FastAPI()`` with one ``/health/ready`` route, written by the bench into a temporary
+directory) and then every service with ``concierge serve <name>`` on a free port, one process at a time, polling
+readiness every 20 ms; the process is killed once it answers. The rounds interleave, so a busier minute slows
+every row. Prints the median per row and its ratio to the bare app's median (the issue's target: at most 2x), and
+writes ``bench/results/startup.json``.
+
+``--up`` adds ``concierge up --detach`` (the whole table under its supervisor, which returns once every service is
+ready) followed by ``concierge down``, per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench._stack import _delete_prefixed_keys, machine, write_results
+from stack.services import SERVICES
+from tests.procs import HOST, concierge_command, free_port
+
+RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
+BARE = "bare FastAPI"
+UP = "concierge up (all)"
+POLL_S = 0.02
+READY_TIMEOUT_S = 120.0
+TARGET_RATIO = 2.0
+
+_BARE_APP = """\
+from fastapi import FastAPI
+
+app = FastAPI()
+
+
+@app.get("/health/ready")
+async def ready() -> dict[str, str]:
+    return {"status": "ready"}
+"""
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, started: float, log: Path) -> float:
+    """Seconds from ``started`` to the first 200 of ``url``; raises with the log tail if the process dies first."""
+    deadline = started + READY_TIMEOUT_S
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+                raise RuntimeError(f"{url} exited with {proc.returncode} before it was ready:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).status_code == 200:
+                    return time.monotonic() - started
+            time.sleep(POLL_S)
+    raise RuntimeError(f"{url} not ready after {READY_TIMEOUT_S:.0f} s")
+
+
+def _time_start(argv: Sequence[str], env: Mapping[str, str], url: str, log: Path) -> float:
+    """Exec ``argv``, wait for ``url`` to answer 200, kill the process group: the seconds to ready."""
+    with log.open("ab") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        return _wait_ready(proc, url, started, log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def _port_base() -> int:
+    """A base with its hundred ports free (``up`` puts its services at base + 0..90, replicas after)."""
+    for _ in range(100):
+        base = random.randrange(20000, 60000, 100)
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + 100):
+                    held.enter_context(socket.socket()).bind((HOST, port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no hundred free ports in a row found")
+
+
+def _time_up(env: Mapping[str, str], data_dir: Path, log: Path) -> float:
+    """``concierge up --detach`` (returns once every service is ready), then ``concierge down``."""
+    up_env = {**env, "CONCIERGE_DATA_DIR": str(data_dir)}
+    argv = [*concierge_command(), "up", "--detach", "--port-base", str(_port_base())]
+    with log.open("ab") as out:
+        started = time.monotonic()
+        code = subprocess.call(argv, env=up_env, stdout=out, stderr=out)
+        elapsed = time.monotonic() - started
+        subprocess.call([*concierge_command(), "down"], env=up_env, stdout=out, stderr=out)
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"concierge up --detach exited with {code}:\n{tail}")
+    return elapsed
+
+
+def _env(workdir: Path, redis_url: str, prefix: str) -> dict[str, str]:
+    """What ``concierge serve`` needs (a secret, Redis, a data directory), nothing else of a developer's."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("CONCIERGE_", "DATABASE_URL"))}
+    return keep | {
+        "REDIS_URL": redis_url,
+        "CONCIERGE_KEY_PREFIX": prefix,
+        "CONCIERGE_SERVICE_SECRET": secrets.token_hex(32),
+        "CONCIERGE_ADMIN_TOKEN": secrets.token_urlsafe(24),
+        "LLM_API_KEY": f"sk-bench-{secrets.token_urlsafe(16)}",
+        "CONCIERGE_DATA_DIR": str(workdir / "data"),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="starts per row (default 5)")
+    parser.add_argument("--services", nargs="+", default=list(SERVICES), help="services to start (default: all)")
+    parser.add_argument("--up", action="store_true", help="also time concierge up --detach until all are ready")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    options = parser.parse_args(argv)
+    unknown = [name for name in options.services if name not in SERVICES]
+    if unknown or options.rounds < 1:
+        parser.error(f"unknown services {unknown}" if unknown else "--rounds must be at least 1")
+
+    rows = [BARE, *options.services, *([UP] if options.up else [])]
+    samples: dict[str, list[float]] = {row: [] for row in rows}
+    prefix = f"bench-{uuid.uuid4().hex[:10]}"
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="concierge-startup-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "bare_app.py").write_text(_BARE_APP, encoding="utf-8")
+        env = _env(workdir, options.redis_url, prefix)
+        try:
+            for n in range(options.rounds):
+                for row in rows:
+                    port = free_port()
+                    log = workdir / f"{row.replace(' ', '_')}.log"
+                    if row == BARE:
+                        app_argv = [sys.executable, "-m", "uvicorn", "bare_app:app", "--app-dir", str(workdir)]
+                        cmd = [*app_argv, "--host", HOST, "--port", str(port), "--lifespan", "on"]
+                        seconds = _time_start(cmd, env, f"http://{HOST}:{port}/health/ready", log)
+                    elif row == UP:
+                        seconds = _time_up(env, workdir / f"up-{n}", log)
+                    else:
+                        cmd = [*concierge_command(), "serve", row, "--host", HOST, "--port", str(port)]
+                        url = f"http://{HOST}:{port}{SERVICES[row].ready_path}"
+                        seconds = _time_start(cmd, env, url, log)
+                    samples[row].append(seconds)
+                    print(f"round {n + 1}/{options.rounds} {row}: {seconds:.2f} s", file=sys.stderr, flush=True)
+        finally:
+            _delete_prefixed_keys(options.redis_url, prefix)
+
+    floor = statistics.median(samples[BARE])
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "loadavg_before": load_before,
+        "rounds": options.rounds,
+        "runtime_s": round(time.monotonic() - started, 1),
+        "rows": {
+            row: {
+                "median_s": round(statistics.median(values), 3),
+                "min_s": round(min(values), 3),
+                "max_s": round(max(values), 3),
+                "ratio": round(statistics.median(values) / floor, 2),
+                "samples_s": [round(v, 3) for v in values],
+            }
+            for row, values in samples.items()
+        },
+    }
+    print(f"\n| start-up (exec → /health/ready 200), {options.rounds} rounds | median (s) | min / max (s) | ×bare |")
+    print("|---|---:|---:|---:|")
+    for row, stats in result["rows"].items():
+        print(
+            f"| {row} | {stats['median_s']:.2f} | {stats['min_s']:.2f} / {stats['max_s']:.2f} | {stats['ratio']:.1f} |"
+        )
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"\nload average before: {', '.join(f'{v:.2f}' for v in load_before)}; after: {load}")
+    print(f"target: every service at most {TARGET_RATIO:.0f}x the bare app")
+    write_results(options.output, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""What a service imports at start: each app module of the service table (and the CLI that serves them) imported in a
+fresh interpreter, its ``sys.modules`` checked against modules it must not load there. A list, never a time.
+
+Loaded later, where used: ``langchain_openai`` and ``openai`` with the first model call (``infra.llm.model``,
+``infra.llm.classify``), the OTLP exporter only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, the Postgres saver and
+its pool only when ``DATABASE_URL`` is (``infra.checkpointer``), the SQLite saver only without it; schemathesis is
+the API check's alone. The providers, the web console and the CLI load no LangGraph at all, hence nothing of
+``langsmith`` or ``langgraph_sdk``; the agents do, and LangGraph itself brings both at its top level
+(``langgraph.types`` → ``langchain_core.tracers`` → ``langsmith.run_trees``, ``langgraph.runtime`` →
+``langgraph_sdk.auth.types``): docs/benchmarks.md#start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stack.services import SERVICES
+
+EVERYWHERE = (
+    "langchain_openai",
+    "openai",
+    "schemathesis",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc",
+    "psycopg_pool",
+    "langgraph.checkpoint.postgres",
+    "langgraph.checkpoint.sqlite",
+    "aiosqlite",
+)
+WITHOUT_LANGGRAPH = ("langsmith", "langgraph_sdk", "langgraph", "langchain_core")
+AGENTS = {"search-agent", "payment-agent", "booking-agent", "recovery-worker", "concierge-agent"}
+
+# what is not configured here must not be loaded: no OTLP endpoint, no Postgres
+_UNSET = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "DATABASE_URL", "LANGSMITH_TRACING")
+
+
+def _forbidden(service: str) -> tuple[str, ...]:
+    return EVERYWHERE if service in AGENTS else EVERYWHERE + WITHOUT_LANGGRAPH
+
+
+def loaded_at_import(module: str) -> set[str]:
+    """``sys.modules`` after ``import <module>`` in a fresh interpreter of this environment."""
+    env = {k: v for k, v in os.environ.items() if k not in _UNSET}
+    code = f"import {module}, json, sys; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_check_sees_a_module_that_is_loaded() -> None:
+    # the probe itself can fail: LangGraph is found where it is loaded
+    assert {"langgraph", "langsmith", "langgraph_sdk"} <= loaded_at_import("langgraph.graph")
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+def test_a_service_loads_no_optional_heavy_module_at_start(service: str) -> None:
+    module = SERVICES[service].app.partition(":")[0]
+    loaded = loaded_at_import(module)
+    assert sorted(loaded.intersection(_forbidden(service))) == []
+
+
+def test_the_cli_loads_no_langgraph() -> None:
+    # every `concierge serve` starts here before its service's module
+    loaded = loaded_at_import("stack.cli")
+    assert sorted(loaded.intersection(EVERYWHERE + WITHOUT_LANGGRAPH)) == []
