@@ -47,8 +47,10 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.booking import (
+    CURRENCY_PATTERN,
     FINAL_BOOKING_STATUSES,
     MAX_GUESTS,
+    MAX_TOTAL_PRICE,
     MIN_GUESTS,
     BookingFinalError,
     BookingStatus,
@@ -145,6 +147,9 @@ def _whole_number(value: object) -> object:
 
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 
+_LATER_FIELDS: Final = ("max_total_price", "currency")
+"""Optional fields added after ``Idempotency-Key``s were bound to bodies (issue 32): hashed only when given."""
+
 
 class BookingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
@@ -157,6 +162,21 @@ class BookingRequest(BaseModel):
     payment_token: str = Field(min_length=5, max_length=128, pattern=r"^tok_[A-Za-z0-9_]+$")
     hotel_id: str | None = Field(None, min_length=1, max_length=64, json_schema_extra={"pattern": r"\S"})
     max_price_per_night: float | None = Field(None, gt=0, allow_inf_nan=False)
+    max_total_price: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_TOTAL_PRICE,
+        allow_inf_nan=False,
+        strict=True,
+        description="The most the stay may cost (compared in cents with what the hotel holds it at): a hold above "
+        "it is released, nothing is charged and the booking fails `price_changed`.",
+    )
+    currency: str | None = Field(
+        None,
+        pattern=CURRENCY_PATTERN,
+        description="The currency the stay must be charged in (ISO 4217, `EUR`): a hold in another one is released "
+        "and the booking fails `price_changed`, with or without `max_total_price`.",
+    )
 
     @field_validator("checkin")
     @classmethod
@@ -175,7 +195,13 @@ class BookingRequest(BaseModel):
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_payload(), sort_keys=True).encode()).hexdigest()[:32]
+        """The body's hash an ``Idempotency-Key`` is bound to: another ceiling or currency is another request. Left
+        out when not given, so a body without them hashes as it did before they existed."""
+        payload = self.as_payload()
+        for name in _LATER_FIELDS:
+            if payload[name] is None:
+                del payload[name]
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
 class Accepted(BaseModel):
@@ -184,8 +210,14 @@ class Accepted(BaseModel):
 
 
 class BookingError(BaseModel):
+    """Documentation of ``graph.booking.BookingError``."""
+
     code: str
     message: str | None = None
+    held_total: float | None = Field(None, description="`price_changed`: what the hotel held the stay at.")
+    currency: str | None = Field(None, description="`price_changed`: the hold's currency.")
+    allowed_total: float | None = Field(None, description="`price_changed`: the request's `max_total_price`.")
+    allowed_currency: str | None = Field(None, description="`price_changed`: the request's `currency`.")
 
 
 class BookingView(BaseModel):
@@ -774,7 +806,9 @@ mount_a2a(
         Skill(
             id="book_hotel",
             name="Book hotel",
-            description="Book {city, checkin, checkout, guests, payment_token, hotel_id?, max_price_per_night?}.",
+            description="Book {city, checkin, checkout, guests, payment_token, hotel_id?, max_price_per_night?, "
+            "max_total_price?, currency?}: a hold above max_total_price or in another currency fails price_changed, "
+            "nothing charged.",
             handler=book_hotel,
             tags=("hotels", "booking"),
             inputs=(
@@ -785,6 +819,8 @@ mount_a2a(
                 "payment_token",
                 "hotel_id?",
                 "max_price_per_night?",
+                "max_total_price?",
+                "currency?",
                 "idempotency_key?",
             ),
         ),

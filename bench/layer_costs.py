@@ -162,15 +162,19 @@ VARIANTS: tuple[Variant, ...] = (
         (
             Edit(
                 "providers/faults.py",
-                "        faults = await load_faults(request.app.state.redis, self.provider)\n",
-                "        faults = NO_FAULTS\n",
+                "        faults = await load_faults(request.app.state.redis, self.provider, self._model)\n",
+                "        faults = self._model()\n",
             ),
         ),
         switched=(
             Edit(
                 "providers/faults.py",
-                "        faults = await load_faults(request.app.state.redis, self.provider)\n",
-                "        faults = NO_FAULTS if bench_switch.OFF else await load_faults(request.app.state.redis, self.provider)\n",
+                "        faults = await load_faults(request.app.state.redis, self.provider, self._model)\n",
+                "        faults = (\n"
+                "            self._model()\n"
+                "            if bench_switch.OFF\n"
+                "            else await load_faults(request.app.state.redis, self.provider, self._model)\n"
+                "        )\n",
             ),
             _reads_switch("providers/faults.py"),
         ),

@@ -1,4 +1,5 @@
-"""A booking's vocabulary, in one place: the stay rules, the booking statuses, the journal kinds and the error codes.
+"""A booking's vocabulary, in one place: the stay rules, its money, the booking statuses, the journal kinds and the
+error codes.
 
 Every floor speaks it: the booking API and the CLI validate with it, the search and booking graphs check stays
 with it, the simulated hotel-api prices stays with it, and the error table (``infra.error_table``) answers in its
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import re
 from datetime import date, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
 from typing import Final
 
 __all__ = [
+    "CURRENCY_PATTERN",
     "FINAL_BOOKING_STATUSES",
     "FINAL_JOURNAL_KINDS",
     "GUESTS_PER_ROOM",
@@ -20,6 +23,7 @@ __all__ = [
     "MAX_DAYS_AHEAD",
     "MAX_GUESTS",
     "MAX_NIGHTS",
+    "MAX_TOTAL_PRICE",
     "MIN_GUESTS",
     "PROGRESS",
     "BookingFinalError",
@@ -27,12 +31,15 @@ __all__ = [
     "ErrorCode",
     "InvalidStayError",
     "JournalKind",
+    "PriceChangedError",
     "check_checkin",
     "check_guests",
+    "check_hold_price",
     "check_nights",
     "nights_between",
     "parse_iso_date",
     "rooms_for",
+    "to_cents",
     "validate_stay",
 ]
 
@@ -125,6 +132,51 @@ def validate_stay(checkin: object, checkout: object, guests: object) -> int:
     except ValueError as exc:
         raise InvalidStayError("guests", str(exc)) from None
     return nights
+
+
+# ------------------------------------------------------------------------------------------------------- money
+
+MAX_TOTAL_PRICE: Final = 10_000_000
+"""The largest ``max_total_price`` a booking takes: far above any stay, and exact in cents."""
+CURRENCY_PATTERN: Final = r"^[A-Z]{3}$"
+"""A currency is an ISO 4217 code: three capital letters (``EUR``)."""
+
+
+def to_cents(amount: float) -> int:
+    """``amount`` in whole cents, to the nearest (half up): what two amounts are compared in, never as floats."""
+    return int((Decimal(str(amount)) * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+class PriceChangedError(Exception):
+    """A hold that costs more than the booking allows, or in another currency: nothing may be charged for it."""
+
+    def __init__(
+        self, held_total: float, currency: str, allowed_total: float | None, allowed_currency: str | None
+    ) -> None:
+        self.held_total = held_total
+        self.currency = currency
+        self.allowed_total = allowed_total
+        self.allowed_currency = allowed_currency
+        why = []
+        if allowed_total is not None and to_cents(held_total) > to_cents(allowed_total):
+            why.append(f"above the {allowed_total:.2f} {allowed_currency or currency} allowed")
+        if allowed_currency is not None and currency != allowed_currency:
+            why.append(f"not in {allowed_currency}")
+        self.message = (
+            f"the hotel held the stay at {held_total:.2f} {currency}, {' and '.join(why) or 'not as allowed'}: "
+            "hold released, nothing charged"
+        )
+        super().__init__(self.message)
+
+
+def check_hold_price(
+    held_total: float, currency: str, allowed_total: float | None, allowed_currency: str | None
+) -> None:
+    """``PriceChangedError`` when a hold costs more than ``allowed_total`` (in cents) or is not in
+    ``allowed_currency``: the approved total is a ceiling where the money moves (``None``: no limit of that kind)."""
+    over = allowed_total is not None and to_cents(held_total) > to_cents(allowed_total)
+    if over or (allowed_currency is not None and currency != allowed_currency):
+        raise PriceChangedError(held_total, currency, allowed_total, allowed_currency)
 
 
 # ---------------------------------------------------------------------------------------------------- statuses
@@ -223,6 +275,8 @@ class ErrorCode(StrEnum):
     REJECTED = "rejected"
     """Refused for a reason the refusing side did not name."""
     NO_AVAILABILITY = "no_availability"
+    PRICE_CHANGED = "price_changed"
+    """The hold cost more than the booking's ``max_total_price``, or another currency: released, nothing charged."""
     PAYMENT_DECLINED = "payment_declined"
     TIMEOUT = "timeout"
     """The time budget ran out (or a wait for capacity outlasted it)."""
@@ -249,6 +303,8 @@ class ErrorCode(StrEnum):
     """The caller is known but may not do this: a skill it is not allowed to call, a refund of a confirmed booking."""
     NOT_FOUND = "not_found"
     """No such thing (a booking an A2A skill was asked about)."""
+    UNKNOWN_BOOKING = "unknown_booking"
+    """A concierge tool named a booking that is not its chat's: the same answer as for an id nobody made."""
     TURN_IN_PROGRESS = "turn_in_progress"
     """A chat's turn is running: its next message waits until it ends (``domain.chat``)."""
     APPROVAL_PENDING = "approval_pending"
@@ -284,6 +340,7 @@ _HTTP_STATUS: Final = {
     ErrorCode.UNKNOWN_SKILL: 404,
     ErrorCode.REJECTED: 422,
     ErrorCode.NO_AVAILABILITY: 409,
+    ErrorCode.PRICE_CHANGED: 409,
     ErrorCode.PAYMENT_DECLINED: 402,
     ErrorCode.TIMEOUT: 504,
     ErrorCode.PROVIDER_UNAVAILABLE: 503,
@@ -299,6 +356,7 @@ _HTTP_STATUS: Final = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNKNOWN_BOOKING: 404,
     ErrorCode.TURN_IN_PROGRESS: 409,
     ErrorCode.APPROVAL_PENDING: 409,
     ErrorCode.APPROVAL_EXPIRED: 409,

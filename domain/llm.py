@@ -1,7 +1,8 @@
 """The model's vocabulary, in one place: the simulated provider's model names and the concierge's tool names.
 
 The simulator (``providers.llm_api``) serves these models and calls these tools; the settings default to them, and
-the concierge offers the tools by these names. Standard library only, so every floor may import it.
+the concierge offers the tools by these names (their arguments and rules: one record each in
+``graph.concierge.tools``). Standard library only, so every floor may import it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@
 - ``search``: checks the stay, asks search-agent over A2A (``search_hotels``, ``policy_for("search_agent")``) and
   keeps the candidates: the requested ``hotel_id``, or up to three cheapest offers within ``max_price_per_night``.
   (Validation and choice are pure and live in this step: every super-step costs a checkpoint write.)
-- ``reserve``: hotel-api hold; a 409 moves on to the next candidate (only when no hotel was requested).
+- ``reserve``: hotel-api hold; a 409 moves on to the next candidate (only when no hotel was requested). A hold that
+  costs more than the booking's ``max_total_price`` (in cents), or in another ``currency`` than it named, is no
+  hold to charge: the step answers ``price_changed`` (with the held and allowed totals) beside the reservation, so
+  the compensation releases it and nothing is charged (``domain.booking.check_hold_price``).
 - ``charge``: A2A ``charge_payment`` on payment-agent (``policy_for("payment_api")``: it is the payment path).
 - ``confirm``: hotel-api confirm.
 - ``compensate`` shows the booking ``compensating``; then ``release_hold`` (cancel the hold) and ``refund`` (whatever
@@ -52,7 +55,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -60,24 +63,45 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
-from domain.booking import BookingStatus, ErrorCode, InvalidStayError, JournalKind, validate_stay
+from domain.booking import (
+    BookingStatus,
+    ErrorCode,
+    InvalidStayError,
+    JournalKind,
+    PriceChangedError,
+    check_hold_price,
+    validate_stay,
+)
 from graph.idempotency import idempotency_key, idempotent_node
+from graph.outages import raise_if_waited_out
 from graph.tracing import traced_node
 from infra.a2a.client import A2AClient
 from infra.bookings import BookingStore
 from infra.clients.errors import NoAvailabilityError
 from infra.clients.providers import HotelApiClient
-from infra.error_table import answer_for, is_outage, may_have_reached
+from infra.error_table import answer_for, may_have_reached
 from infra.journal import note
 from infra.payment_tokens import PaymentTokens
 from infra.settings import get_settings
-from resilience import OutageWaitError, circuit_registry, outage_pause, pause_fits, policy_for, waits_out_outages
+from resilience import policy_for
 from resilience.budget import detached_budget
 
 logger = logging.getLogger(__name__)
 
 MAX_CANDIDATES = 3
 COMPENSATION_BUDGET_S = 30.0
+
+
+class BookingError(TypedDict, total=False):
+    """Why a booking failed, as its record and ``GET /bookings/{id}`` show it (``code``: an ``ErrorCode``)."""
+
+    code: str
+    message: str
+    held_total: float
+    """``price_changed``: what the hold cost (``currency``), and what the booking allowed."""
+    currency: str
+    allowed_total: float | None
+    allowed_currency: str | None
 
 
 class BookingState(TypedDict, total=False):
@@ -88,6 +112,10 @@ class BookingState(TypedDict, total=False):
     guests: int
     hotel_id: str | None
     max_price_per_night: float | None
+    max_total_price: float | None
+    """The most the hold may cost (the total the person approved): above it, nothing is charged."""
+    allowed_currency: str | None
+    """The request's ``currency``: a hold in another one is not charged either."""
     candidates: list[dict[str, Any]]
     hotel_name: str | None
     total_price: float | None
@@ -96,7 +124,7 @@ class BookingState(TypedDict, total=False):
     payment_id: str | None
     charge_attempted: bool
     status: str
-    error: dict[str, str] | None
+    error: BookingError | None
     cancelled: bool
     """The booking's cancel flag was found (by a step, or ``confirm``'s commit): it compensates, ends ``cancelled``."""
 
@@ -148,10 +176,13 @@ async def open_booking_deps(redis: Redis) -> AsyncIterator[BookingDeps]:
 
 
 def failure(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": str(code), "message": message}}
+    return {"error": BookingError(code=str(code), message=message)}
 
 
-_WAITED_OUT = frozenset({ErrorCode.PROVIDER_UNAVAILABLE, ErrorCode.UNAVAILABLE, ErrorCode.BULKHEAD_FULL})
+def price_changed(exc: PriceChangedError) -> dict[str, Any]:
+    """The booking error for a hold above what it allows: the table's code, message and figures."""
+    answer = answer_for(exc)
+    return {"error": cast(BookingError, {"code": answer.code, "message": answer.message, **answer.fields})}
 
 
 def classify(exc: BaseException, dependency: str | None = None) -> dict[str, Any]:
@@ -160,32 +191,15 @@ def classify(exc: BaseException, dependency: str | None = None) -> dict[str, Any
     ``internal`` (a bug) is not an answer: the run fails and recovery runs it again. Nor is
     ``dependency_unavailable``, ours or a peer's (its Redis or Postgres unreachable, answered as its skill error):
     the stores are coming back, so the run pauses and the step runs again (``runs.runner``), its effects deduplicated.
-    Nor, inside a run that may wait, is ``dependency`` being down: ``OutageWaitError`` when the pause fits.
+    Nor, inside a run that may wait, is ``dependency`` being down: ``OutageWaitError`` when the pause fits
+    (``graph.outages``).
     """
     answer = answer_for(exc)
     if answer.code in (ErrorCode.INTERNAL, ErrorCode.DEPENDENCY_UNAVAILABLE):
         raise exc
-    if dependency is not None and answer.code in _WAITED_OUT and is_outage(exc) and waits_out_outages():
-        retry_after = _next_probe(exc, dependency)
-        if pause_fits(outage_pause(retry_after, 0, jitter=False)):
-            raise OutageWaitError(dependency, retry_after, answer.message) from exc
+    if dependency is not None:
+        raise_if_waited_out(exc, dependency)
     return failure(answer.code, answer.message)
-
-
-def _next_probe(exc: BaseException, dependency: str) -> float | None:
-    """When the breaker in the way may let a probe through: the refusal's own figure (ours, or a peer's in its skill
-    error's data), else our breaker's if it opened meanwhile; ``None`` when nobody knows."""
-    wait = getattr(exc, "retry_after", None)
-    if wait is None:
-        data = getattr(exc, "data", None)
-        wait = data.get("retry_after") if isinstance(data, dict) else None
-    if isinstance(wait, int | float) and not isinstance(wait, bool):
-        return float(wait)
-    if dependency in circuit_registry:
-        breaker = circuit_registry.get(dependency)
-        if breaker.seconds_until_retry() > 0:
-            return breaker.seconds_until_retry()
-    return None
 
 
 CANCELLED: dict[str, Any] = {"cancelled": True}
@@ -254,13 +268,21 @@ async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingD
             continue
         except Exception as exc:
             return classify(exc, "hotel_api")
-        return {
+        update = {
             "hotel_id": offer["hotel_id"],
             "hotel_name": offer["name"],
             "reservation_id": held["reservation_id"],
             "total_price": held["total_price"],
             "currency": held["currency"],
         }
+        try:
+            check_hold_price(
+                held["total_price"], held["currency"], state.get("max_total_price"), state.get("allowed_currency")
+            )
+        except PriceChangedError as exc:
+            # the hold is kept in the state: the compensation releases it, and nothing is ever charged for it
+            return {**update, **price_changed(exc)}
+        return update
     return classify(last_error or NoAvailabilityError("no candidates"))
 
 
@@ -463,4 +485,6 @@ def booking_input(booking_id: str, request: dict[str, Any]) -> BookingState:
         guests=int(request["guests"]),
         hotel_id=request.get("hotel_id"),
         max_price_per_night=request.get("max_price_per_night"),
+        max_total_price=request.get("max_total_price"),
+        allowed_currency=request.get("currency"),
     )

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from domain.booking import BookingFinalError, ErrorCode, InvalidStayError
+from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
 from domain.chat import ChatConflictError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
 from infra.clients.errors import NoAvailabilityError, PaymentDeclinedError, ProviderError, ProviderRejectedError
@@ -97,6 +97,13 @@ def _fields(exc: BaseException) -> dict[str, Any]:
         return {"limit": exc.max_concurrent, "retry_after": exc.retry_after}
     if isinstance(exc, BookingFinalError):
         return {"status": exc.status}
+    if isinstance(exc, PriceChangedError):
+        return {
+            "held_total": exc.held_total,
+            "currency": exc.currency,
+            "allowed_total": exc.allowed_total,
+            "allowed_currency": exc.allowed_currency,
+        }
     if isinstance(exc, TokenBudgetExhausted):
         return {"budget": exc.budget, "limit": exc.limit, "spent": exc.spent}
     if isinstance(exc, ModelError):
@@ -125,6 +132,7 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (ValidationError, ErrorCode.INVALID_REQUEST, False),  # a model built from a request's data
     (InvalidBudgetHeaderError, ErrorCode.INVALID_HEADER, False),
     (NoAvailabilityError, ErrorCode.NO_AVAILABILITY, False),
+    (PriceChangedError, ErrorCode.PRICE_CHANGED, False),  # a hold above the booking's max_total_price
     (PaymentDeclinedError, ErrorCode.PAYMENT_DECLINED, False),
     (ProviderRejectedError, ErrorCode.REJECTED, False),
     (BudgetExhaustedError, ErrorCode.TIMEOUT, False),  # A2ATimeoutError too: it is one

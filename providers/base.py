@@ -22,7 +22,7 @@ from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, R
 from infra.service import MAX_BODY_BYTES, create_service_app
 from infra.service.openapi import Answer, detail, document
 from infra.service.openapi import provider_error as provider_answer
-from providers.faults import ClientGoneError, FaultInjector, InjectedFaultError, faults_router
+from providers.faults import ClientGoneError, FaultInjector, Faults, InjectedFaultError, faults_router
 from providers.idempotency import IdempotencyKeyReusedError, MissingIdempotencyKeyError
 
 __all__ = [
@@ -149,6 +149,7 @@ def create_provider_app(
     admin: APIRouter,
     *,
     own_faults: bool = False,
+    faults_model: type[Faults] = Faults,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The service shell plus: faults on every ``business`` route, ``/admin/faults``, the error answers and the
@@ -156,6 +157,7 @@ def create_provider_app(
 
     ``own_faults``: the provider injects faults of its own kind (llm-api: per model, answered in OpenAI's shapes)
     and ``admin`` serves its ``/admin/faults``; the injector and the router of ``faults.py`` are left out.
+    ``faults_model``: the provider's faults when it takes more than ``Faults`` (hotel-api's ``HotelFaults``).
     """
     app = create_service_app(
         name, description=f"Simulated third-party {name} (state in Redis).", max_body_bytes=max_body_bytes
@@ -186,9 +188,9 @@ def create_provider_app(
         app.include_router(business)
         app.include_router(admin)
     else:
-        app.include_router(business, dependencies=[Depends(FaultInjector(name))])
+        app.include_router(business, dependencies=[Depends(FaultInjector(name, model=faults_model))])
         app.include_router(admin)
-        app.include_router(faults_router(name))
+        app.include_router(faults_router(name, faults_model))
         for route in business.routes:
             document(app, path=getattr(route, "path", ""), answers=[_INJECTED_FAULT])
     app.add_middleware(AdminGuard)

@@ -9,6 +9,11 @@ business route (never to ``/admin`` or ``/health``), in this order:
 3. ``hang``: hold the request until the client disconnects (polled; a request is never held after its client
    left), then drop it.
 
+A provider may take faults of its own besides (``model``: a subclass of ``Faults``): hotel-api's ``HotelFaults``
+change what it answers, not whether it does (``price_change_pct``: holds cost that much more than search showed;
+``name_suffix``: appended to every hotel name, third-party text for tests to plant instructions in). The injector
+leaves the request's faults in ``request.state.faults`` for its routes.
+
 Reading the faults costs one Redis GET per request. The number of requests held by ``hang`` right now is the
 gauge ``concierge_provider_hanging_requests{provider}`` (how tests see that a hung handler did exit).
 """
@@ -21,6 +26,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 from functools import lru_cache
 
 from fastapi import APIRouter, Request
@@ -31,10 +37,14 @@ from redis.asyncio import Redis
 from providers.keys import provider_key
 
 __all__ = [
+    "MAX_NAME_SUFFIX",
+    "MAX_PRICE_CHANGE_PCT",
+    "MIN_PRICE_CHANGE_PCT",
     "NO_FAULTS",
     "ClientGoneError",
     "FaultInjector",
     "Faults",
+    "HotelFaults",
     "InjectedFaultError",
     "fault_metrics",
     "faults_key",
@@ -65,6 +75,27 @@ class Faults(BaseModel):
 
 NO_FAULTS = Faults()
 
+MIN_PRICE_CHANGE_PCT = -50.0
+MAX_PRICE_CHANGE_PCT = 200.0
+MAX_NAME_SUFFIX = 1_000
+
+
+class HotelFaults(Faults):
+    """hotel-api's faults: ``Faults``, and two that change what it answers rather than whether it does."""
+
+    price_change_pct: float = Field(0.0, ge=MIN_PRICE_CHANGE_PCT, le=MAX_PRICE_CHANGE_PCT, allow_inf_nan=False)
+    name_suffix: str = Field("", max_length=MAX_NAME_SUFFIX)
+
+    def hotel_name(self, name: str) -> str:
+        return name + self.name_suffix
+
+    def held_total(self, offered_total: float) -> float:
+        """What a hold costs when search showed ``offered_total``: ``price_change_pct`` more, rounded to cents."""
+        if not self.price_change_pct:
+            return offered_total
+        factor = (100 + Decimal(str(self.price_change_pct))) / 100
+        return float((Decimal(str(offered_total)) * factor).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
+
 
 class InjectedFaultError(Exception):
     """Raised by the injector; the provider app answers 503 ``injected_fault``."""
@@ -78,9 +109,10 @@ def faults_key(provider: str) -> str:
     return provider_key(provider, "faults")
 
 
-async def load_faults(redis: Redis, provider: str) -> Faults:
+async def load_faults(redis: Redis, provider: str, model: type[Faults] = Faults) -> Faults:
+    """The provider's faults, read as ``model`` (its own, for a provider that takes more than ``Faults``)."""
     raw = await redis.get(faults_key(provider))
-    return NO_FAULTS if raw is None else Faults.model_validate_json(raw)
+    return model() if raw is None else model.model_validate_json(raw)
 
 
 @dataclass(frozen=True)
@@ -112,19 +144,22 @@ class FaultInjector:
         self,
         provider: str,
         *,
+        model: type[Faults] = Faults,
         rng: Callable[[], float] = random.random,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         poll_interval_s: float = 0.05,
     ) -> None:
         self.provider = provider
+        self._model = model
         self._rng = rng
         self._sleep = sleep
         self._clock = clock
         self._poll = poll_interval_s
 
     async def __call__(self, request: Request) -> None:
-        faults = await load_faults(request.app.state.redis, self.provider)
+        faults = await load_faults(request.app.state.redis, self.provider, self._model)
+        request.state.faults = faults  # the route's own faults, without a second read
         if not faults.active:
             return
         metrics = fault_metrics()
@@ -170,26 +205,29 @@ async def hold(
         await sleep(min(poll_interval_s, left))
 
 
-def faults_router(provider: str) -> APIRouter:
-    """``/admin/faults`` for ``provider``."""
+def faults_router(provider: str, model: type[Faults] = Faults) -> APIRouter:
+    """``/admin/faults`` for ``provider``, its body ``model`` (documented as such in the OpenAPI)."""
     router = APIRouter(prefix="/admin/faults", tags=["admin"])
 
-    @router.get("")
+    @router.get("", response_model=model)
     async def get_faults(request: Request) -> Faults:
-        return await load_faults(request.app.state.redis, provider)
+        return await load_faults(request.app.state.redis, provider, model)
 
-    @router.put("")
     async def put_faults(faults: Faults, request: Request) -> Faults:
         redis: Redis = request.app.state.redis
         await redis.set(faults_key(provider), faults.model_dump_json())
         logger.warning("%s: faults set to %s", provider, faults.model_dump())
         return faults
 
-    @router.delete("")
+    # the body is validated as the provider's own model: FastAPI reads the annotation, so it is set per router
+    put_faults.__annotations__["faults"] = model
+    router.put("", response_model=model)(put_faults)
+
+    @router.delete("", response_model=model)
     async def delete_faults(request: Request) -> Faults:
         redis: Redis = request.app.state.redis
         await redis.delete(faults_key(provider))
         logger.info("%s: faults cleared", provider)
-        return NO_FAULTS
+        return model()
 
     return router

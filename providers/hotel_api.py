@@ -15,6 +15,11 @@ Capacity: a hotel has ``rooms`` rooms every night; Redis keeps only rooms *taken
 field ``<hotel_id>:<YYYY-MM-DD>``), so a night never booked has full capacity and nothing needs seeding. A party
 takes ``ceil(guests / 2)`` rooms every night; ``available_rooms`` of a stay is the minimum over its nights;
 ``total_price = price_per_night × rooms × nights``. POSTs need ``Idempotency-Key`` (see ``idempotency.py``).
+
+Its faults (``providers.faults.HotelFaults``) add two to the providers' own: ``price_change_pct`` (a hold costs that
+much more than search showed: the total of the hold, rounded to cents) and ``name_suffix`` (appended to every hotel
+name answered: offers, details, holds). Both are read when the request comes: a hold keeps the price and the name
+it was made with.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import uuid
 from datetime import date
 from typing import Annotated, Any, Literal, cast
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
@@ -35,6 +40,7 @@ from infra.service import get_redis
 from infra.service.openapi import answers
 from infra.service.openapi import provider_error as provider_answer
 from providers.base import IDEMPOTENT_ANSWERS, IDEMPOTENT_ROUTE, REPLAYED, ProviderApiError, create_provider_app
+from providers.faults import HotelFaults
 from providers.idempotency import IdempotentScript, fingerprint, record_suffix, require_idempotency_key
 from providers.inventory import Hotel, find_hotel, hotels_in
 from providers.keys import provider_key
@@ -160,6 +166,12 @@ async def _available(redis: Redis, hotels: tuple[Hotel, ...], nights: list[date]
     return free
 
 
+def _faults(request: Request) -> HotelFaults:
+    """The request's faults, as the injector read them (no second Redis read)."""
+    faults = getattr(request.state, "faults", None)
+    return faults if isinstance(faults, HotelFaults) else HotelFaults()
+
+
 def _not_found(reservation_id: str) -> str:
     return json.dumps(provider_error("reservation_not_found", reservation_id=reservation_id))
 
@@ -201,36 +213,44 @@ admin = APIRouter(prefix="/admin", tags=["admin"])
 @business.get(
     "/hotels", responses={200: {"model": Offers, "description": "Offers with rooms for the party, cheapest first."}}
 )
-async def search_hotels(query: Annotated[SearchQuery, Query()], redis: RedisDep) -> dict[str, Any]:
+async def search_hotels(query: Annotated[SearchQuery, Query()], redis: RedisDep, request: Request) -> dict[str, Any]:
     """Offers in ``city`` with enough rooms for the party on every night, cheapest first."""
     hotels = hotels_in(query.city)
     free = await _available(redis, hotels, query.nights)
-    offers = [h.offer(free[h.hotel_id]) for h in hotels if free[h.hotel_id] >= query.rooms]
+    faults = _faults(request)
+    offers = [
+        h.offer(free[h.hotel_id]) | {"name": faults.hotel_name(h.name)}
+        for h in hotels
+        if free[h.hotel_id] >= query.rooms
+    ]
     offers.sort(key=lambda o: (o["price_per_night"], o["hotel_id"]))
     return {"offers": offers}
 
 
 @business.get("/hotels/{hotel_id}", responses=answers(_HOTEL_NOT_FOUND))
-async def get_hotel(hotel_id: str) -> dict[str, object]:
+async def get_hotel(hotel_id: str, request: Request) -> dict[str, object]:
     hotel = find_hotel(hotel_id)
     if hotel is None:
         raise ProviderApiError(404, "hotel_not_found", hotel_id=hotel_id)
-    return hotel.describe()
+    return hotel.describe() | {"name": _faults(request).hotel_name(hotel.name)}
 
 
-def _new_reservation(reservation_id: str, hotel: Hotel, request: ReservationRequest) -> dict[str, Any]:
+def _new_reservation(
+    reservation_id: str, hotel: Hotel, request: ReservationRequest, faults: HotelFaults
+) -> dict[str, Any]:
     nights = request.nights
+    offered_total = round(hotel.price_per_night * request.rooms * len(nights), 2)
     return {
         "reservation_id": reservation_id,
         "status": "held",
         "hotel_id": hotel.hotel_id,
-        "hotel_name": hotel.name,
+        "hotel_name": faults.hotel_name(hotel.name),
         "checkin": request.checkin.isoformat(),
         "checkout": request.checkout.isoformat(),
         "guests": request.guests,
         "rooms": request.rooms,
         "nights": [n.isoformat() for n in nights],
-        "total_price": round(hotel.price_per_night * request.rooms * len(nights), 2),
+        "total_price": faults.held_total(offered_total),
         "currency": hotel.currency,
         "reference": request.reference,
         "created_at": time.time(),
@@ -253,14 +273,16 @@ def _new_reservation(reservation_id: str, hotel: Hotel, request: ReservationRequ
         ),
     },
 )
-async def create_reservation(body: ReservationRequest, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
+async def create_reservation(
+    body: ReservationRequest, idempotency_key: IdempotencyKey, redis: RedisDep, request: Request
+) -> Response:
     hotel = find_hotel(body.hotel_id)
     reservation_id = f"res_{uuid.uuid4().hex}"
     if hotel is None:
         capacity, record = _UNKNOWN_HOTEL, ""
         refusal = provider_error("hotel_not_found", hotel_id=body.hotel_id)
     else:
-        capacity, record = hotel.rooms, json.dumps(_new_reservation(reservation_id, hotel, body))
+        capacity, record = hotel.rooms, json.dumps(_new_reservation(reservation_id, hotel, body, _faults(request)))
         refusal = provider_error("no_availability", "not enough rooms on every night", hotel_id=body.hotel_id)
     outcome = await _RESERVE.run(
         redis,
@@ -378,7 +400,7 @@ async def availability(query: Annotated[AvailabilityQuery, Query()], redis: Redi
 
 
 def create_app() -> FastAPI:
-    return create_provider_app(PROVIDER, business, admin)
+    return create_provider_app(PROVIDER, business, admin, faults_model=HotelFaults)
 
 
 app = create_app()

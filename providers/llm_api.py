@@ -6,6 +6,7 @@
                                   ``stream_options.include_usage``; tool calls as OpenAI sends them
     GET  /v1/models · GET /v1/models/{model}
     PUT/GET/DELETE /admin/faults  faults and rate limits, per model (``providers.llm.faults``)
+    PUT/GET/DELETE /admin/script  the next answers, scripted: a compromised model for tests (``providers.llm.script``)
     GET/DELETE /admin/requests    the request log (``providers.llm.log``)
 
 Deterministic and offline: a rule-based reading of English (``providers.llm.conversation``) answers with one tool
@@ -40,6 +41,7 @@ from providers.llm.faults import (
     view_faults,
 )
 from providers.llm.log import MAX_ENTRIES, RequestLog, clear_log, read_log
+from providers.llm.script import ScriptUpdate, ScriptView, clear_script, put_script, view_script
 from providers.llm.wire import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -242,6 +244,25 @@ async def set_faults(update: FaultsUpdate, redis: RedisDep) -> FaultsView:
 async def delete_faults(redis: RedisDep, model: Annotated[ModelName | None, Query()] = None) -> FaultsView:
     """No faults for `model` (every model without it): its `error_count` and rate window go too."""
     return await clear_faults(redis, model)
+
+
+@admin.get("/script", response_model=ScriptView)
+async def get_script(redis: RedisDep) -> ScriptView:
+    """What is left of the script: its model (null: any) and the steps not yet answered."""
+    return await view_script(redis)
+
+
+@admin.put("/script", response_model=ScriptView)
+async def set_script(update: ScriptUpdate, redis: RedisDep) -> ScriptView:
+    """Answer the next requests for `model` (any model when null) with `steps`, one per request, in order, whatever
+    they ask; then the rules again. Replaces any script there is. A step is taken only by a request answered 200."""
+    return await put_script(redis, update)
+
+
+@admin.delete("/script", response_model=ScriptView)
+async def delete_script(redis: RedisDep) -> ScriptView:
+    """No script: the rules answer every request."""
+    return await clear_script(redis)
 
 
 @admin.get("/requests", response_model=RequestLog)

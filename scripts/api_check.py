@@ -354,6 +354,8 @@ def main() -> int:
                 results.append((label, ok, elapsed))
                 if include == FAULTS_PATH:
                     stack.fault(name)  # clear whatever the generated PUTs left
+                if name == "llm-api" and include is None:
+                    stack.script_model([])  # a generated PUT /admin/script would answer the /v1 pass's requests
     finally:
         if prefix is not None:
             _forget(redis_url, prefix)

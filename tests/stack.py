@@ -8,8 +8,8 @@ together on free ports, one Redis key prefix, one fresh Postgres database, a spa
 
 Every stack has its own ``CONCIERGE_SERVICE_SECRET`` (``stack.secret``), ``CONCIERGE_ADMIN_TOKEN``
 (``stack.admin_token``) and ``LLM_API_KEY`` (``stack.llm_api_key``, what llm-api takes); ``stack.admin(...)``,
-``stack.fault(...)`` and ``stack.ledger(...)`` present the admin token, ``stack.service_token(issuer, audience)``
-mints what a service would present and ``stack.a2a(...)`` calls a skill with it. ``CONCIERGE_SERVICE_TOKEN`` is set too (``stack.retired_token``), only so a test can show nobody takes it.
+``stack.fault(...)``, ``stack.script_model(...)`` and ``stack.ledger(...)`` present the admin token,
+``stack.service_token(issuer, audience)`` mints what a service would present and ``stack.a2a(...)`` calls a skill with it. ``CONCIERGE_SERVICE_TOKEN`` is set too (``stack.retired_token``), only so a test can show nobody takes it.
 """
 
 from __future__ import annotations
@@ -163,6 +163,16 @@ class Stack:
         else:
             response = self.admin("DELETE", provider, "faults")
         assert response.status_code in (200, 204), response.text
+
+    def script_model(self, steps: list[dict[str, Any]] | None, model: str | None = None) -> dict[str, Any]:
+        """llm-api answers its next requests with ``steps`` (``tests.llm.script_model``); ``None`` or ``[]`` clears
+        the script."""
+        from tests.llm import clear_script, script_model
+
+        if not steps:
+            clear_script(self.url("llm-api"), admin_token=self.admin_token)
+            return {"model": None, "steps": [], "steps_left": 0}
+        return script_model(self.url("llm-api"), steps, model, admin_token=self.admin_token)
 
     # --- another service's view: A2A with a service token ---------------------------------------------------
     def service_token(

@@ -40,6 +40,7 @@ from providers.llm.faults import (
 )
 from providers.llm.log import LoggedCall, LoggedRequest, Outcome, cut, record
 from providers.llm.reply import FINGERPRINT, Reply, render
+from providers.llm.script import next_step, scripted_reply, take_step
 from providers.llm.tokens import prompt_tokens
 from providers.llm.wire import (
     ChatCompletionRequest,
@@ -191,7 +192,7 @@ class Exchange:
         usage = None
         if reply is not None:
             usage = reply.usage if outcome != "cut" or not body or not body.streaming else _partial(reply, sent)
-        calls = [LoggedCall(name=reply.tool_name, arguments=reply.arguments)] if reply and reply.tool_name else []
+        calls = [LoggedCall(name=call.name, arguments=call.arguments) for call in reply.calls] if reply else []
         entry = LoggedRequest(
             request_id=self.request_id,
             at=self.at,
@@ -211,6 +212,7 @@ class Exchange:
             usage_reported=usage_reported,
             tokens_sent=sent,
             fault=self.fault,
+            scripted=bool(reply and reply.scripted),
             first_token_ms=None
             if self.first_token_at is None
             else round((self.first_token_at - self.started) * 1000, 1),
@@ -237,7 +239,8 @@ class Exchange:
             return await self._refuse(exc.status, exc.body, exc.headers, "error")
         body = self.body
         self.faults = await load_faults(self.redis, body.model)
-        reply = self._reply(body, tokens)
+        step = await next_step(self.redis, body.model)
+        reply = self._reply(body, tokens) if step is None else scripted_reply(step, **self._limits(body, tokens))
         admission = await admit(self.redis, body.model, self.faults, reply.usage["total_tokens"], self.request_id)
         self.headers.update(admission.headers)
         if not admission.admitted:
@@ -247,6 +250,8 @@ class Exchange:
             return refused
         if self.faults.hang:
             await self._hang()
+        if step is not None:
+            reply = await self._play(body, tokens)
         if body.streaming:
             return AnswerStream(lambda gone: self._stream(reply, body, gone), self._stream_headers())
         return await self._whole(reply, body)
@@ -256,6 +261,16 @@ class Exchange:
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         fault_metrics().injected.labels(PROVIDER, "rate_limit").inc()
         return refusal(admission, self.faults, body.model, reply.usage["total_tokens"])
+
+    @staticmethod
+    def _limits(body: ChatCompletionRequest, tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": tokens, "limit": body.answer_limit}
+
+    async def _play(self, body: ChatCompletionRequest, tokens: int) -> Reply:
+        """The script's next step, taken now that a 200 answer starts (the one peeked may have gone to another
+        replica: then the step after it; when none is left, the rules answer)."""
+        step = await take_step(self.redis, body.model)
+        return self._reply(body, tokens) if step is None else scripted_reply(step, **self._limits(body, tokens))
 
     def _reply(self, body: ChatCompletionRequest, tokens: int) -> Reply:
         offered = body.offered_tools()
@@ -268,7 +283,7 @@ class Exchange:
         if self.faults.malformed_tool_args and decision.call is not None:
             self._injected("malformed_tool_args")
             arguments = malformed(decision.call.arguments, self.faults.malformed_tool_args)
-        return render(decision, prompt_tokens=tokens, limit=body.answer_limit, arguments=arguments)
+        return render(decision, **self._limits(body, tokens), arguments=arguments)
 
     async def _inject_refusal(self, body: ChatCompletionRequest, tokens: int) -> Response | None:
         faults = self.faults
@@ -317,7 +332,7 @@ class Exchange:
             return AnswerStream(lambda gone: _cut_after(payload[: len(payload) // 2]), headers + self._raw_headers())
         await self._log(
             200,
-            "tool_calls" if reply.tool_name else "text",
+            "tool_calls" if reply.calls else "text",
             reply=reply,
             sent=reply.completion_tokens,
             usage_reported=True,
@@ -355,7 +370,7 @@ class Exchange:
                 started = True
                 yield _event(chunk)
             logged = True
-            outcome: Outcome = "tool_calls" if reply.tool_name else "text"
+            outcome: Outcome = "tool_calls" if reply.calls else "text"
             await self._log(200, outcome, reply=reply, sent=sent, usage_reported=body.include_usage)
             yield b"data: [DONE]\n\n"
         finally:

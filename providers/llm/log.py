@@ -3,7 +3,8 @@
 ``GET /admin/requests[?model=&limit=]`` · ``DELETE /admin/requests``. Kept in Redis (one list for every replica),
 so a test counts what reached the model whichever replica served it. An entry says when, which model, streamed or
 not, how many messages, the tools offered, the person's last words, and the outcome: the status, the tool calls or
-the text, a cut stream or a hang, and the usage counted (what the answer cost, whether or not the client got it).
+the text (``scripted`` when a script's step gave them), a cut stream or a hang, and the usage counted (what the
+answer cost, whether or not the client got it).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class LoggedRequest(BaseModel):
     tokens_sent: int
     fault: str | None
     """The fault that shaped the answer, if one did (``latency``, ``cut``, ``malformed_tool_args``...)."""
+    scripted: bool = False
+    """Answered with a step of ``PUT /admin/script`` (``providers.llm.script``), not by the rules."""
     first_token_ms: float | None
     """From the request's arrival to its first token going out (``None``: none did): the simulator's own time to
     first token, which a client's measure can subtract."""

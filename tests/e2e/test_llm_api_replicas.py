@@ -1,6 +1,6 @@
 """llm-api as real processes: two replicas on one Redis agree on "the next N requests fail" and on the published rate
-limits (the log, read from either, has every request), ``concierge fault llm-api`` drives them, and the real
-``ChatOpenAI`` converses across both."""
+limits (the log, read from either, has every request) and on one script played in order, ``concierge fault llm-api``
+drives them, and the real ``ChatOpenAI`` converses across both."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from domain.llm import FALLBACK_MODEL, PRIMARY_MODEL
 from infra.redis import create_sync_redis
 from tests.conftest import TEST_ADMIN_TOKEN, TEST_SERVICE_SECRET
-from tests.llm import TOOLS, chat_model, offers
+from tests.llm import TOOLS, chat_model, offers, script_model
 from tests.procs import Processes, ServiceProcess, concierge_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -54,7 +54,7 @@ def started(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
 @pytest.fixture
 def replicas(started: list[ServiceProcess]) -> Iterator[list[ServiceProcess]]:
     yield started
-    for path in ("faults", "requests"):
+    for path in ("faults", "requests", "script"):
         assert httpx.delete(f"{started[0].url}/admin/{path}", headers=ADMIN).status_code == 200
 
 
@@ -142,3 +142,31 @@ async def test_a_conversation_moves_between_replicas(replicas: list[ServiceProce
     messages += [listing, HumanMessage("book the second one")]
     booking = await chat_model(f"{first.url}/v1", KEY).bind_tools(TOOLS).ainvoke(messages)
     assert booking.tool_calls[0]["args"]["hotel_id"] == found[1]["hotel_id"]
+
+
+def test_one_script_is_played_in_order_across_replicas(replicas: list[ServiceProcess]) -> None:
+    """A step is taken atomically in Redis: whichever replica answers, the steps come in order, each once.
+    (Synchronous: ``ChatOpenAI`` keeps its async HTTP client per base URL, bound to the loop of the test before.)"""
+    first, second = replicas
+    cancel = {"name": "cancel_booking", "arguments": {"booking_id": "f" * 32}}
+    steps: list[dict[str, Any]] = [
+        {"tool_calls": [cancel]},
+        {"text": "step 1"},
+        {"tool_calls": [cancel]},
+        {"text": "step 3"},
+    ]
+    shown = script_model(second.url, steps, PRIMARY_MODEL, admin_token=TEST_ADMIN_TOKEN)
+    assert shown["steps_left"] == 4 and shown["model"] == PRIMARY_MODEL
+    messages = [HumanMessage("two nights in Lisbon from 10 March for two")]
+    answers = [
+        chat_model(f"{replica.url}/v1", KEY).bind_tools(TOOLS).invoke(messages)
+        for replica in (first, second, first, second, first)
+    ]
+    assert [(c["name"], c["args"]) for c in answers[0].tool_calls] == [("cancel_booking", {"booking_id": "f" * 32})]
+    assert answers[1].content == "step 1" and not answers[1].tool_calls
+    assert [c["name"] for c in answers[2].tool_calls] == ["cancel_booking"]
+    assert answers[3].content == "step 3"
+    assert [c["name"] for c in answers[4].tool_calls] == ["search_hotels"]  # the rules again
+    entries = log(first)
+    assert [e["scripted"] for e in entries] == [True, True, True, True, False]
+    assert len({e["instance"] for e in entries if e["scripted"]}) == 2

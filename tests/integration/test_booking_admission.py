@@ -8,11 +8,14 @@ run ends. ``book_hotel`` goes through ``admit`` as ``POST /bookings`` does.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
 from fastapi import HTTPException
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from agents.booking import BookingRequest, BookingService
@@ -106,3 +109,59 @@ async def test_a_retry_under_the_cap_takes_no_slot_for_long(service: GatedServic
     first, _ = await service.admit(request(0), "key-0")
     assert await service.admit(request(0), "key-0") == (first, False)
     assert service.slots.in_use == 1, "only the run holds a slot; the retry gave its own back at once"
+
+
+def ceilinged(**fields: Any) -> BookingRequest:
+    """``request(0)`` with more fields (``max_total_price``, ``currency``)."""
+    return BookingRequest.model_validate(request(0).as_payload() | fields)
+
+
+async def test_the_ceiling_is_stored_with_the_runs_input_and_is_part_of_the_request(service: GatedService) -> None:
+    """A recovered run enforces what the first one would: the ceiling and currency are in the run's stored input.
+    Under one ``Idempotency-Key`` another ceiling is another request (422), the same one the same booking."""
+    booking_id, created = await service.admit(ceilinged(max_total_price=112.0, currency="EUR"), "key-ceiling")
+    assert created
+    record = await service.runs.get(booking_id)
+    assert record is not None
+    assert (record.input["max_total_price"], record.input["allowed_currency"]) == (112.0, "EUR")
+
+    again = await service.admit(ceilinged(max_total_price=112.0, currency="EUR"), "key-ceiling")
+    assert again == (booking_id, False)
+    for other in (
+        ceilinged(max_total_price=145.6, currency="EUR"),
+        ceilinged(max_total_price=112.0),
+        ceilinged(currency="EUR"),
+        request(0),
+    ):
+        with pytest.raises(HTTPException) as reused:
+            await service.admit(other, "key-ceiling")
+        assert reused.value.status_code == 422
+
+
+def test_a_body_without_the_new_fields_hashes_as_before_them() -> None:
+    """Keys bound before ``max_total_price`` and ``currency`` existed still match their bodies."""
+    body = request(0)
+    legacy = {k: v for k, v in body.as_payload().items() if k not in ("max_total_price", "currency")}
+    assert body.digest() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:32]
+    assert ceilinged(max_total_price=112.0).digest() != body.digest()
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"max_total_price": 0}, "max_total_price"),
+        ({"max_total_price": -1}, "max_total_price"),
+        ({"max_total_price": "112"}, "max_total_price"),
+        ({"max_total_price": True}, "max_total_price"),
+        ({"max_total_price": 1e12}, "max_total_price"),
+        ({"currency": "eur"}, "currency"),
+        ({"currency": "EURO"}, "currency"),
+        ({"currency": 978}, "currency"),
+    ],
+)
+def test_a_bad_ceiling_or_currency_is_refused_naming_the_field(fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        ceilinged(**fields)
+    assert [e["loc"] for e in refused.value.errors()] == [(field,)]
+    answer = answer_for(refused.value)  # how A2A's book_hotel reports it
+    assert (answer.code, answer.status) == ("invalid_request", 422) and field in answer.message

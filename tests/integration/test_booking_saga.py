@@ -70,6 +70,8 @@ class HotelApi:
     def __init__(self) -> None:
         self.full: set[str] = set()
         self.requests: list[tuple[str, str]] = []
+        self.total_price = 200.0
+        self.currency = "EUR"
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -83,8 +85,8 @@ class HotelApi:
                 json={
                     "reservation_id": f"res-{body['hotel_id']}",
                     "status": "held",
-                    "total_price": 200.0,
-                    "currency": "EUR",
+                    "total_price": self.total_price,
+                    "currency": self.currency,
                 },
             )
         reservation_id, _, action = path.removeprefix("/reservations/").partition("/")
@@ -113,9 +115,15 @@ async def hotel_api() -> AsyncIterator[tuple[HotelApi, HotelApiClient]]:
 
 
 async def book(
-    redis: Redis, hotels: HotelApiClient, search: SearchAgent, payment: PaymentAgent, *, budget_s: float = 10.0
+    redis: Redis,
+    hotels: HotelApiClient,
+    search: SearchAgent,
+    payment: PaymentAgent,
+    *,
+    budget_s: float = 10.0,
+    **fields: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one booking through the saga; its final graph state and its booking record."""
+    """Run one booking through the saga (``fields``: more of the request); its final graph state and its record."""
     store, tokens = BookingStore(redis), PaymentTokens(redis)
     deps = BookingDeps(
         redis=redis, bookings=store, payment_tokens=tokens, hotels=hotels, search_agent=search, payment_agent=payment
@@ -124,6 +132,7 @@ async def book(
     graph = build_booking_graph(deps, saver)
     booking_id = uuid.uuid4().hex
     request = {"city": "Lisbon", "checkin": CHECKIN, "checkout": CHECKOUT, "guests": 2, "payment_token": "tok_visa"}
+    request |= fields
     await tokens.put(booking_id, request["payment_token"])  # what booking-agent does when it accepts
     await store.create(booking_id, request)
     with budget_scope(budget_s):
@@ -182,6 +191,81 @@ async def test_a_budget_that_runs_out_during_the_charge_answers_timeout_and_comp
     assert record["error"]["code"] == "timeout"
     # the charge may have been captured without an answer: refund by reference, then release the hold
     assert payment.refunds == [{"reference": record["booking_id"], "payment_id": None}]
+    assert api.requests == [("reserve", "h1"), ("cancel", "res-h1")]
+
+
+def approve(data: dict[str, Any]) -> dict[str, Any]:
+    return {"payment_id": "pay-1", "status": "captured"}
+
+
+async def test_a_hold_above_the_ceiling_is_released_and_nothing_is_charged(redis: Redis, hotel_api: Any) -> None:
+    api, hotels = hotel_api
+    api.total_price = 260.0  # the hotel repriced between the search and the hold
+    payment = PaymentAgent(approve)
+    state, record = await book(
+        redis, hotels, SearchAgent([offer("h1", 100), offer("h2", 110)]), payment, max_total_price=200.0
+    )
+
+    assert record["status"] == "failed"
+    assert record["error"] == {
+        "code": "price_changed",
+        "message": record["error"]["message"],
+        "held_total": 260.0,
+        "currency": "EUR",
+        "allowed_total": 200.0,
+        "allowed_currency": None,
+    }
+    assert "260.00 EUR" in record["error"]["message"] and "200.00" in record["error"]["message"]
+    assert payment.charges == [] and payment.refunds == []
+    assert api.requests == [("reserve", "h1"), ("cancel", "res-h1")], "released; no other hotel tried"
+    # the record says what was held, so a reader sees the two totals side by side
+    assert record["reservation_id"] == "res-h1" and record["total_price"] == 260.0
+    assert state["error"]["code"] == "price_changed"
+
+
+@pytest.mark.parametrize(
+    ("held", "ceiling"),
+    [(200.0, 200.0), (200.0, 200.001), (199.99, 200), (200.00000000001, 200.0), (0.3, 0.1 + 0.2)],
+)
+async def test_a_hold_within_the_ceiling_is_charged_compared_in_cents(
+    redis: Redis, hotel_api: Any, held: float, ceiling: float
+) -> None:
+    api, hotels = hotel_api
+    api.total_price = held
+    payment = PaymentAgent(approve)
+    _state, record = await book(
+        redis, hotels, SearchAgent([offer("h1", 100)]), payment, max_total_price=ceiling, currency="EUR"
+    )
+
+    assert record["status"] == "confirmed", record["error"]
+    assert [c["amount"] for c in payment.charges] == [held]
+
+
+@pytest.mark.parametrize(("held", "ceiling"), [(200.01, 200.0), (200.0, 199.994)])
+async def test_one_cent_above_the_ceiling_is_a_price_change(
+    redis: Redis, hotel_api: Any, held: float, ceiling: float
+) -> None:
+    api, hotels = hotel_api
+    api.total_price = held
+    payment = PaymentAgent(approve)
+    _state, record = await book(redis, hotels, SearchAgent([offer("h1", 100)]), payment, max_total_price=ceiling)
+
+    assert record["status"] == "failed" and record["error"]["code"] == "price_changed"
+    assert payment.charges == []
+
+
+async def test_a_hold_in_another_currency_is_a_price_change_even_without_a_ceiling(
+    redis: Redis, hotel_api: Any
+) -> None:
+    api, hotels = hotel_api
+    payment = PaymentAgent(approve)
+    _state, record = await book(redis, hotels, SearchAgent([offer("h1", 100)]), payment, currency="USD")
+
+    assert record["status"] == "failed"
+    assert record["error"]["code"] == "price_changed"
+    assert (record["error"]["currency"], record["error"]["allowed_currency"]) == ("EUR", "USD")
+    assert record["error"]["allowed_total"] is None
+    assert payment.charges == []
     assert api.requests == [("reserve", "h1"), ("cancel", "res-h1")]
 
 

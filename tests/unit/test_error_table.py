@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from domain.booking import BookingFinalError, ErrorCode, InvalidStayError
+from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
 from domain.chat import ApprovalExpiredError, ApprovalPendingError, TurnInProgressError
 from infra.a2a import (
     A2AError,
@@ -99,6 +99,7 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (InvalidStayError("checkout", "must be after checkin"), "invalid_request", 422, False),
     (_validation_error(), "invalid_request", 422, False),
     (BookingFinalError("b1", "confirmed", "booking b1 is confirmed"), "already_final", 409, False),
+    (PriceChangedError(145.6, "EUR", 112.0, None), "price_changed", 409, False),
     (TurnInProgressError("a turn runs"), "turn_in_progress", 409, False),
     (ApprovalPendingError("an approval waits"), "approval_pending", 409, False),
     (ApprovalExpiredError("too late"), "approval_expired", 409, False),
@@ -163,6 +164,12 @@ def test_a_models_wait_is_the_retry_after_header() -> None:
     assert answer.retry_after == 2.4 and answer.fields == {"model": "sim-large", "retry_after": 2.4}
     budget = answer_for(TokenBudgetExhausted("spent", budget="turn_calls", limit=8, spent=8))
     assert budget.retry_after is None and budget.fields == {"budget": "turn_calls", "limit": 8, "spent": 8}
+
+
+def test_a_price_change_carries_the_held_and_the_allowed_totals() -> None:
+    answer = answer_for(PriceChangedError(145.6, "EUR", 112.0, "EUR"))
+    assert answer.fields == {"held_total": 145.6, "currency": "EUR", "allowed_total": 112.0, "allowed_currency": "EUR"}
+    assert "145.60 EUR" in answer.message and "112.00 EUR" in answer.message
 
 
 def test_every_row_of_the_table_is_exercised_above() -> None:

@@ -116,18 +116,26 @@ function modelFaults(f) {
   return parts.join(" · ");
 }
 
+// hotel-api's faults change what it answers: a price change and a name suffix (concierge fault --price-change)
+function answerFaults(f) {
+  const parts = [];
+  if (f.price_change_pct) parts.push(`price change ${f.price_change_pct > 0 ? "+" : ""}${f.price_change_pct}%`);
+  if (f.name_suffix) parts.push(`name suffix (${f.name_suffix.length} chars)`);
+  return parts;
+}
+
 function renderFaults(faults) {
   $("#faults").replaceChildren(...Object.entries(faults).map(([name, f]) => {
     const p = document.createElement("p");
     p.dataset.provider = name;
-    let active = Boolean(f && (f.latency_s || f.error_rate || f.hang));
+    let active = Boolean(f && (f.latency_s || f.error_rate || f.hang || (!f.models && answerFaults(f).length)));
     if (!f) p.textContent = `${name}: unknown (no admin routes)`;
     else if (f.models) {
       const set = Object.entries(f.models).map(([model, m]) => [model, modelFaults(m)]).filter(([, words]) => words);
       active = set.length > 0;
       p.textContent = active ? `${name}: ${set.map(([model, words]) => `${model}: ${words}`).join("; ")}` : `${name}: no faults`;
     } else if (!active) p.textContent = `${name}: no faults`;
-    else p.textContent = `${name}: latency ${f.latency_s}s · error rate ${f.error_rate} · hang ${f.hang ? "on" : "off"}`;
+    else p.textContent = `${name}: ${[`latency ${f.latency_s}s · error rate ${f.error_rate} · hang ${f.hang ? "on" : "off"}`, ...answerFaults(f)].join(" · ")}`;
     p.className = active ? "warn" : "muted";
     return p;
   }));
