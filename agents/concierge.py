@@ -5,9 +5,11 @@ thread id = chat id, in the run store) and answers **202**; the turn runs in a b
 graph of ``graph.concierge``), any replica serving any chat. ``book_hotel`` parks the turn at its approval (not failed,
 not an orphan: ``runs.leases.RunStatus.PARKED``); ``POST /chats/{id}/approvals/{approval_id}`` records the decision
 and takes the run up in one Redis script (the first decision wins: two racing approvals book once) before its 202,
-then resumes it with ``Command(resume=...)``. ``GET /chats/{id}`` (``?wait=`` long-polls) shows the chat, ``GET
-/chats`` lists them newest first, ``GET /chats/{id}/events`` serves the chat's journal as JSON or live SSE with
-``Last-Event-ID`` resume. The A2A skill ``concierge`` takes a plain text message and streams the answer.
+then resumes it with ``Command(resume=...)``. An approval past ``APPROVAL_TTL_S`` is decided ``expired`` by the
+approval sweeper every replica runs (``APPROVAL_SWEEP_INTERVAL_S``), never by a read: ``GET /chats/{id}`` (``?wait=``
+long-polls) shows the chat, ``GET /chats`` lists them newest first, ``GET /chats/{id}/events`` serves the chat's
+journal as JSON or live SSE with ``Last-Event-ID`` resume, and none of them calls the model. The A2A skill
+``concierge`` takes a plain text message and streams the answer; a decision over A2A names its ``approval_id``.
 
 With presence on (``PRESENCE_ENABLED``) a kill -9 of this process loses its named Redis connection and the recovery
 worker resumes its turns at once from their checkpoints; on SIGTERM the turns in hand are handed back.
@@ -22,6 +24,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,6 +36,7 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import ServerSentEvent
 
+from domain.booking import ErrorCode
 from domain.chat import (
     ApprovalExpiredError,
     ApprovalPendingError,
@@ -43,15 +47,17 @@ from domain.chat import (
     check_text,
 )
 from graph.concierge import CONCIERGE_GRAPH, ConciergeDeps, build_concierge_graph, open_concierge_deps, turn_input
+from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
 from infra.chats import FeedHub
 from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.error_table import is_outage
 from infra.journal import name_instance
 from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import answers, detail, document_service_token, error, validation_error
 from infra.settings import get_settings
-from infra.tasks import drain_tasks
+from infra.tasks import drain_tasks, stop_task
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import remaining_budget
 from runs.leases import RunLease, RunRecord, RunStatus, RunStore, instance_name
@@ -69,6 +75,11 @@ PARK_WAIT_S: Final = 10.0
 """The longest an approval waits for its run to park (the approval is announced just before)."""
 PAYMENT_TOKEN_PATTERN: Final = r"^tok_[A-Za-z0-9_]+$"
 CHAT_ID_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
+APPROVAL_ID_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
+SWEEP_BATCH: Final = 100
+"""How many ended waits one sweep reads at a time."""
+SWEEP_PAGES: Final = 10
+"""At most this many batches per sweep: a page that leaves its entries in the index is never read in a loop."""
 EXPIRED: Final = {"approve": False, "expired": True}
 """The answer an approval gets once ``APPROVAL_TTL_S`` has passed: the model is told, nothing is booked."""
 
@@ -152,11 +163,7 @@ class ConciergeService:
     async def post_message(
         self, chat_id: str, text: str, payment_token: str | None, client_key: str | None
     ) -> tuple[str, ChatStatus]:
-        known, record = await asyncio.gather(self.deps.chats.exists(chat_id), self.runs.get(chat_id))  # one wait
-        if not known:
-            raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
-        if record is not None:
-            await self.expire_if_due(chat_id, record)
+        await self._known(chat_id)
         # the shared model rate limit: a turn that could not get a model call within its budget is refused at the
         # door (429 overloaded, Retry-After) before anything is recorded
         check_capacity = getattr(self.deps.model, "check_capacity", None)
@@ -248,21 +255,66 @@ class ConciergeService:
             turn_id=record.turn if record is not None else None,
         )
 
-    async def expire_if_due(self, chat_id: str, record: RunRecord | None = None) -> RunRecord | None:
-        """An approval past its TTL is decided ``expired`` (the turn then ends, telling the model); the record."""
-        record = record or await self.runs.get(chat_id)
-        if (
-            record is not None
-            and record.status is RunStatus.PARKED
-            and record.waiting_until is not None
-            and time.time() > record.waiting_until
-        ):
-            decision = await self.runs.decide(chat_id, _waiting_id(record), EXPIRED, EXPIRED, self.instance)
-            if decision is not None and decision.lease is not None:
-                await self._note_decision(chat_id, _waiting_id(record), decision.answer)
-                self.start(decision.lease, Command(resume=decision.answer))
-            record = await self.runs.get(chat_id)
-        return record
+    async def sweep_once(self) -> list[str]:
+        """Decide ``expired`` every approval whose TTL ran out (the turn then ends, telling the model); the chats
+        this call decided. Every replica sweeps: ``RunStore.decide``'s one script lets the first decision win, and
+        the waiting index lists only parked runs, so a sweep reads nothing else."""
+        expired: list[str] = []
+        for _ in range(SWEEP_PAGES):
+            if self.stopping.is_set():
+                break
+            due = await self.runs.due_waits(SWEEP_BATCH)
+            for chat_id in due:
+                if self.stopping.is_set():
+                    break
+                try:
+                    if await self._expire(chat_id):
+                        expired.append(chat_id)
+                except Exception as exc:
+                    if is_outage(exc):
+                        raise
+                    logger.exception("chat %s: could not expire its approval; the next sweep tries again", chat_id)
+            if len(due) < SWEEP_BATCH:
+                break
+        return expired
+
+    async def _expire(self, chat_id: str) -> bool:
+        """Decide the chat's ended wait ``expired`` and resume its turn here; True when this call decided it."""
+        record = await self.runs.get(chat_id)
+        if record is None or record.status is not RunStatus.PARKED:
+            await self.runs.forget_wait(chat_id)  # left by a run that ended another way
+            return False
+        if record.graph != CONCIERGE_GRAPH:
+            return False  # the concierge's sweeper decides only its own waits
+        approval_id = _waiting_id(record)
+        decision = await self.runs.decide(chat_id, approval_id, EXPIRED, EXPIRED, self.instance)
+        if decision is None or decision.lease is None:
+            return False  # another replica (or the person) decided first
+        await self._note_decision(chat_id, approval_id, decision.answer)
+        self.start(decision.lease, Command(resume=decision.answer))
+        return True
+
+    async def sweep(self, interval: float) -> None:
+        """The approval sweeper: ``sweep_once`` every ``interval`` until ``stopping``; an outage of the stores is one
+        warning when it starts and one when it ends, a bug is logged, and the loop goes on either way."""
+        down_since: float | None = None
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                await self.sweep_once()
+            except Exception as exc:
+                if not is_outage(exc):
+                    logger.exception("approval sweep failed; retrying in %.2fs", interval)
+                elif down_since is None:
+                    down_since = started
+                    logger.warning("approval sweeps paused: %s: %s", type(exc).__name__, exc)
+            else:
+                if down_since is not None:
+                    logger.warning("approval sweeps resumed after %.1fs", started - down_since)
+                    down_since = None
+            if self.stopping.is_set():
+                return
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     def start(self, lease: RunLease, run_input: RunInput) -> None:
         task = asyncio.create_task(self._run(lease, run_input), name=f"turn:{lease.thread_id}")
@@ -283,12 +335,13 @@ class ConciergeService:
         chat = await self.deps.chats.get(chat_id)
         if chat is None:
             raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
-        record = await self.expire_if_due(chat_id)
+        # reading decides nothing: an approval past its TTL shows as it stands until the sweeper decides it
+        record = await self.runs.get(chat_id)
         deadline = time.monotonic() + wait_s
         # a stopping process answers what it knows at once (docs/liveness.md): the client asks a replica again
         while _status_of(record) is ChatStatus.RUNNING and time.monotonic() < deadline and not self.stopping.is_set():
             await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
-            record = await self.expire_if_due(chat_id)
+            record = await self.runs.get(chat_id)
         chat = await self.deps.chats.get(chat_id) or chat
         return _chat_view(chat, record)
 
@@ -352,10 +405,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.concierge = service
         app.state.stopping.add(service.stopping.set)
         app.state.stopping.add(service.hub.wake)  # open streams end at once, with ``shutting_down``
+        interval = settings.approval_sweep_interval_s
+        sweeper = asyncio.create_task(service.sweep(interval), name="approval-sweeper")
         try:
             yield
         finally:
             try:
+                # no new turn from a sweep while the turns in hand are handed back
+                within = min(interval, DRAIN_S) + 1.0
+                await stop_task(sweeper, stop=service.stopping, within=within, what="the approval sweeper")
                 await service.drain()
                 await service.hub.aclose()
             finally:
@@ -378,7 +436,7 @@ def _service() -> ConciergeService:
 
 
 ChatId = Annotated[str, Path(pattern=CHAT_ID_PATTERN)]
-ApprovalId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ApprovalId = Annotated[str, Path(pattern=APPROVAL_ID_PATTERN)]
 _NO_CHAT = detail(404, description="No chat with this id.")
 
 
@@ -443,13 +501,12 @@ async def list_chats(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> dict[str, Any]:
-    """Chats newest first, a page at a time (an approval past its TTL is expired here too, as on the chat itself)."""
+    """Chats newest first, a page at a time; it only reads (an approval past its TTL is the sweeper's to decide)."""
     service: ConciergeService = app.state.concierge
     rows = await service.deps.chats.page(limit, _decode_cursor(cursor) if cursor is not None else None)
     chats = []
     for chat_id, created in rows:
-        record = await service.expire_if_due(chat_id)
-        chats.append({"chat_id": chat_id, "created_at": created, "status": _status_of(record)})
+        chats.append({"chat_id": chat_id, "created_at": created, "status": _status_of(await service.runs.get(chat_id))})
     next_cursor = _encode_cursor(rows[-1][1]) if len(rows) == limit else None
     return {"chats": chats, "next_cursor": next_cursor}
 
@@ -518,20 +575,18 @@ def a2a_chat_id(context_id: str) -> str:
 
 async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
     """A2A: one turn of the conversation of this ``contextId``; the model's text streams as it comes
-    (``message/stream``), then the chat's answer: text, or the approval it waits for (reply ``approve`` with
-    ``{"approve": true|false, "payment_token"?}`` in the same context)."""
+    (``message/stream``), then the chat's answer: text, or the approval it waits for (decide it with
+    ``{"approve": true|false, "approval_id", "payment_token"?}`` in the same context)."""
     service = _service()
     context_id = str(data.get("context_id") or uuid.uuid4().hex)
     chat_id = a2a_chat_id(context_id)
     if not await service.deps.chats.exists(chat_id):
         await service.deps.chats.create(chat_id)
-    record = await service.expire_if_due(chat_id)
     approve = data.get("approve")
     token = data.get("payment_token") if isinstance(data.get("payment_token"), str) else None
-    if isinstance(approve, bool) and record is not None and record.status is RunStatus.PARKED:
+    if isinstance(approve, bool):
         request = ApprovalRequest.model_validate({"approve": approve, "payment_token": token})
-        await service.decide(chat_id, _waiting_id(record), request.approve, request.payment_token)
-        turn_id = record.turn or ""
+        turn_id = await _decide_named(service, chat_id, data.get("approval_id"), request)
     else:
         body = MessageRequest.model_validate({"text": data.get("text"), "payment_token": token})
         turn_id, _ = await service.post_message(chat_id, body.text, body.payment_token, None)
@@ -547,6 +602,11 @@ async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
             streaming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await streaming
+    return _skill_answer(chat_id, turn_id, view)
+
+
+def _skill_answer(chat_id: str, turn_id: str, view: dict[str, Any]) -> dict[str, Any]:
+    """What the skill answers: the turn's text, or the approval the chat waits for."""
     answer = next((m["content"] for m in reversed(view["messages"]) if m["role"] == "assistant"), None)
     return {
         "chat_id": chat_id,
@@ -557,6 +617,40 @@ async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
         "last_turn": view["last_turn"],
         "text": answer,
     }
+
+
+async def _decide_named(service: ConciergeService, chat_id: str, approval_id: Any, request: ApprovalRequest) -> str:
+    """A decision over A2A applies only to the approval it names: one that names none, or another than the pending
+    one (a late "yes" to an earlier offer), decides nothing and is answered ``input-required`` with the pending
+    approval, as the skill shows it. The turn it resumes."""
+    view = await service.view(chat_id)  # reads only: no wait, no decision
+    pending = view["pending_approval"] or {}
+    turn_id = str((view["last_turn"] or {}).get("turn_id") or "")
+    if pending and approval_id != pending.get("approval_id"):
+        why = "the decision named no approval" if approval_id is None else f"approval {approval_id} is not pending"
+        raise SkillInputRequired(_decide_this(pending, why), _skill_answer(chat_id, turn_id, view))
+    if not isinstance(approval_id, str) or not re.fullmatch(APPROVAL_ID_PATTERN, approval_id):
+        raise SkillFailure(
+            ErrorCode.INVALID_REQUEST, "approval_id: a decision names the approval it decides (none is pending)"
+        )
+    try:
+        await service.decide(chat_id, approval_id, request.approve, request.payment_token)
+    except HTTPException as exc:
+        if exc.status_code != 404:
+            raise
+        raise SkillFailure(ErrorCode.NOT_FOUND, f"no approval {approval_id} in this conversation") from None
+    return turn_id
+
+
+def _decide_this(approval: dict[str, Any], why: str) -> str:
+    """The words of an ``input-required`` answer: why nothing was decided, and what to send for the pending one."""
+    return (
+        f"Nothing was decided: {why}. Approval {approval.get('approval_id')} ({approval.get('action', 'book')}) "
+        f"waits: {approval.get('hotel_name')}, "
+        f"{approval.get('checkin')} to {approval.get('checkout')}, {approval.get('guests')} guest(s), "
+        f"{approval.get('total_price')} {approval.get('currency')}, until {approval.get('expires_at')}. Decide it with "
+        f'{{"approve": true|false, "approval_id": "{approval.get("approval_id")}"}}.'
+    )
 
 
 async def _stream_tokens(service: ConciergeService, chat_id: str, turn_id: str, after: str | None) -> None:
@@ -583,10 +677,10 @@ mount_a2a(
         Skill(
             id="concierge",
             name="Concierge",
-            description="Talk about a stay in plain text; a booking waits for {approve, payment_token?}.",
+            description="Talk about a stay in plain text; a booking waits for {approve, approval_id, payment_token?}.",
             handler=concierge_skill,
             tags=("hotels", "chat"),
-            inputs=("text", "payment_token?", "approve?"),
+            inputs=("text", "payment_token?", "approve?", "approval_id?"),
             text=True,
         )
     ],

@@ -74,6 +74,23 @@ return 1
 """)
 
 
+# KEYS: chat | ARGV: booking ids JSON → 1, 0 no chat. Each id not there yet is appended (in order, once).
+_ADD_BOOKINGS = RedisScript("""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local raw = redis.call('HGET', KEYS[1], 'bookings')
+local bookings = {}
+if raw and raw ~= '' and raw ~= '[]' then bookings = cjson.decode(raw) end
+local seen = {}
+for _, id in ipairs(bookings) do seen[id] = true end
+local added = false
+for _, id in ipairs(cjson.decode(ARGV[1])) do
+  if not seen[id] then table.insert(bookings, id); seen[id] = true; added = true end
+end
+if added then redis.call('HSET', KEYS[1], 'bookings', cjson.encode(bookings)) end
+return 1
+""")
+
+
 class ChatStore:
     """Chat records: ``chat_id``, ``created_at``, ``messages`` (what people read: user and assistant texts),
     ``bookings`` (ids booked in it), ``last_turn`` (the last finished turn) and ``usage`` (the whole chat's)."""
@@ -132,15 +149,18 @@ class ChatStore:
         last_turn: Mapping[str, Any] | None,
         usage: Mapping[str, Any],
     ) -> None:
-        """The transcript, bookings and usage as the turn's state has them (a replay writes the same again)."""
-        mapping: dict[Any, Any] = {
-            "messages": json.dumps(messages),
-            "bookings": json.dumps(bookings),
-            "usage": json.dumps(dict(usage)),
-        }
+        """The transcript and usage as the turn's state has them (a replay writes the same again); its bookings are
+        added to the chat's (``add_booking`` may have written one the state does not hold)."""
+        mapping: dict[Any, Any] = {"messages": json.dumps(messages), "usage": json.dumps(dict(usage))}
         if last_turn is not None:
             mapping["last_turn"] = json.dumps(dict(last_turn))
         await self.redis.hset(chat_key(chat_id), mapping=mapping)
+        if bookings:
+            await _ADD_BOOKINGS(self.redis, keys=[chat_key(chat_id)], args=[json.dumps(list(bookings))])
+
+    async def add_booking(self, chat_id: str, booking_id: str) -> None:
+        """A booking is the chat's as soon as booking-agent accepted it, while its turn goes on (idempotent)."""
+        await _ADD_BOOKINGS(self.redis, keys=[chat_key(chat_id)], args=[json.dumps([booking_id])])
 
     # the payment token: apart from everything else, with a TTL
 

@@ -131,6 +131,12 @@ class Settings(BaseSettings):
         gt=0,
         description="How long a book_hotel approval stays open; a decision after it answers 409 approval_expired.",
     )
+    approval_sweep_interval_s: float = Field(
+        0.5,
+        validation_alias="APPROVAL_SWEEP_INTERVAL_S",
+        gt=0,
+        description="How often each concierge-agent decides the approvals whose APPROVAL_TTL_S ran out (expired).",
+    )
     concierge_turn_budget_s: float = Field(
         120.0,
         validation_alias="CONCIERGE_TURN_BUDGET_S",

@@ -14,7 +14,9 @@ paused-then-woken owner from overwriting the work of the process that took over.
 Non-final runs are listed in the ZSET ``<prefix>:{recovery}:runs:active`` (thread id → lease expiry in ms) so the
 orphan scanner reads expired leases with one range query instead of scanning the keyspace. A run the scanner has
 handed to the recovery queue is scored ``+inf`` there until someone takes its lease again, so it is never handed
-over twice for the same expiry. Everything lives under the ``{recovery}`` hash tag: the queue's scripts touch
+over twice for the same expiry. Parked runs are listed in the ZSET ``<prefix>:{recovery}:runs:waiting`` (thread id
+→ when the wait ends, ms) from their park to their decision (or final status), so a sweeper finds ended waits with
+one range query too (``due_waits``). Everything lives under the ``{recovery}`` hash tag: the queue's scripts touch
 run records and queue keys together, which Redis Cluster allows only within one slot.
 
 With presence on (``PRESENCE_ENABLED``, ``runs.presence``) a run taken by a registered, live process is *held* by
@@ -90,6 +92,11 @@ def run_key(thread_id: str, *, prefix: str | None = None) -> str:
 
 def active_index_key(*, prefix: str | None = None) -> str:
     return key(RECOVERY_TAG, "runs", "active", prefix=prefix)
+
+
+def waiting_index_key(*, prefix: str | None = None) -> str:
+    """ZSET thread id → ``waiting_until`` (ms) of every parked run: what the approval sweeper reads."""
+    return key(RECOVERY_TAG, "runs", "waiting", prefix=prefix)
 
 
 HELD_MS = 2**53 - 1
@@ -253,9 +260,9 @@ return 1
 """
 )
 
-# KEYS: run, active | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms,
-# runs_of_prefix → 1 written, -1 no run, -2 stale fence, -3 already final (with another status); final status
-# returned as 2nd
+# KEYS: run, active, waiting | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms,
+# runs_of_prefix → 1 written, -1 no run, -2 stale fence, -3 already final (with another status); final status returned
+# as 2nd
 _SET_STATUS = RedisScript(
     _LUA_PRELUDE
     + """
@@ -273,6 +280,7 @@ if FINAL[ARGV[2]] then
   redis.call('HSET', KEYS[1], 'owner', '', 'lease_until', now)
   redis.call('HDEL', KEYS[1], 'claimed')
   redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
   drop_hold(ARGV[7], owner, ARGV[1])
   local retention = tonumber(ARGV[6])
   if ARGV[2] ~= 'dead_lettered' and retention > 0 then redis.call('PEXPIRE', KEYS[1], retention) end
@@ -293,9 +301,9 @@ return redis.call('HINCRBY', KEYS[1], 'attempts', ARGV[2])
 )
 
 
-# KEYS: run, active, instances | ARGV: thread_id, graph, input, owner, ttl_ms, presence, runs_of_prefix, client_key
-# ('' = none), turn → {1 started (fence), held} | {0, status} busy | {-1, turn} a repeat of client_key's turn.
-# A thread's next run (a chat's next turn): starts when there is no run or the last one is final, like ``create``.
+# KEYS: run, active, instances, waiting | ARGV: thread_id, graph, input, owner, ttl_ms, presence, runs_of_prefix,
+# client_key ('' = none), turn → {1 started (fence), held} | {0, status} busy | {-1, turn} a repeat of client_key's
+# turn. A thread's next run (a chat's next turn): starts when there is no run or the last one is final, like ``create``.
 _BEGIN = RedisScript(
     _LUA_PRELUDE
     + """
@@ -314,6 +322,7 @@ redis.call('HSETNX', KEYS[1], 'created_at', now)
 redis.call('HDEL', KEYS[1], 'claimed', 'hold_ended', 'waiting', 'waiting_id', 'waiting_until', 'resume')
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'key:' .. ARGV[8], ARGV[9]) end
 redis.call('PERSIST', KEYS[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
 take_hold(ARGV[7], ARGV[4], ARGV[1], expiry)
 if expiry == HELD then return {fence, 1} end
@@ -321,8 +330,8 @@ return {fence, 0}
 """
 )
 
-# KEYS: run, active | ARGV: thread_id, owner, fence, runs_of_prefix, waiting (JSON), waiting_id, waiting_until_ms
-# → 1 parked, 0 not ours
+# KEYS: run, active, waiting | ARGV: thread_id, owner, fence, runs_of_prefix, waiting (JSON), waiting_id,
+# waiting_until_ms → 1 parked (and listed in the waiting index), 0 not ours
 _PARK = RedisScript(
     _LUA_PRELUDE
     + """
@@ -333,15 +342,16 @@ redis.call('HSET', KEYS[1], 'owner', '', 'status', 'parked', 'lease_until', now,
   'waiting', ARGV[5], 'waiting_id', ARGV[6], 'waiting_until', ARGV[7])
 redis.call('HDEL', KEYS[1], 'claimed', 'resume')
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[1])
 drop_hold(ARGV[4], owner, ARGV[1])
 return 1
 """
 )
 
-# KEYS: run, active, instances | ARGV: thread_id, waiting_id, answer (JSON), expired answer (JSON), owner, ttl_ms,
-# presence, runs_of_prefix → {fence, held, answer, 1 if expired} taken up with this answer | {0, 0, answer, expired}
-# decided before (the first answer stands) | {-1, 0, '', 0} no such wait.
-# The first answer wins: it is recorded and the run is taken up in one step, so two racing answers resume it once.
+# KEYS: run, active, instances, waiting | ARGV: thread_id, waiting_id, answer (JSON), expired answer (JSON), owner,
+# ttl_ms, presence, runs_of_prefix → {fence, held, answer, 1 if expired} taken up with this answer | {0, 0, answer,
+# expired} decided before (the first answer stands) | {-1, 0, '', 0} no such wait. The first answer wins: it is recorded
+# and the run is taken up in one step, so two racing answers resume it once.
 _DECIDE = RedisScript(
     _LUA_PRELUDE
     + """
@@ -360,12 +370,28 @@ local expiry = expiry_for(KEYS[3], ARGV[5], ARGV[7], ARGV[6], now)
 redis.call('HSET', KEYS[1], 'decided:' .. ARGV[2], answer, 'expired:' .. ARGV[2], expired, 'resume', answer,
   'owner', ARGV[5], 'status', 'running', 'lease_until', expiry, 'updated_at', now)
 redis.call('HDEL', KEYS[1], 'waiting', 'waiting_id', 'waiting_until', 'claimed', 'hold_ended')
+redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
 take_hold(ARGV[8], ARGV[5], ARGV[1], expiry)
 if expiry == HELD then return {fence, 1, answer, expired} end
 return {fence, 0, answer, expired}
 """
 )
+
+# KEYS: waiting | ARGV: limit → thread ids whose wait ended by the server clock (``now > waiting_until``, as in
+# ``_DECIDE``), soonest first
+_DUE_WAITS = RedisScript(
+    _LUA_PRELUDE
+    + """
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms() - 1, 'LIMIT', 0, tonumber(ARGV[1]))
+"""
+)
+
+# KEYS: run, waiting | ARGV: thread_id → 1 dropped from the waiting index, 0 left (the run is parked)
+_FORGET_WAIT = RedisScript("""
+if redis.call('HGET', KEYS[1], 'status') == 'parked' then return 0 end
+return redis.call('ZREM', KEYS[2], ARGV[1])
+""")
 
 
 @dataclass(frozen=True)
@@ -425,6 +451,7 @@ class RunStore:
         self._prefix = settings.key_prefix
         self.sleep = sleep
         self.index_key = active_index_key(prefix=self._prefix)
+        self.waiting_key = waiting_index_key(prefix=self._prefix)
         self.instances_key = instances_key(prefix=self._prefix)
         # instance_runs_key(owner) is this + owner + ":runs", built by the scripts from the owner they read
         self._runs_of_prefix = instance_runs_key("", prefix=self._prefix).removesuffix(":runs")
@@ -468,7 +495,7 @@ class RunStore:
         with self.in_use.expecting(owner, thread_id), redis_errors(f"beginning a run of {thread_id!r}"):
             code, detail = await _BEGIN(
                 self._redis,
-                keys=[self.run_key(thread_id), self.index_key, self.instances_key],
+                keys=[self.run_key(thread_id), self.index_key, self.instances_key, self.waiting_key],
                 args=[
                     thread_id,
                     graph,
@@ -495,7 +522,7 @@ class RunStore:
         with self.in_use.expecting(owner, thread_id), redis_errors(f"deciding {waiting_id!r} of run {thread_id!r}"):
             fence, held, stored, was_expired = await _DECIDE(
                 self._redis,
-                keys=[self.run_key(thread_id), self.index_key, self.instances_key],
+                keys=[self.run_key(thread_id), self.index_key, self.instances_key, self.waiting_key],
                 args=[
                     thread_id,
                     waiting_id,
@@ -515,11 +542,27 @@ class RunStore:
                 lease = self._track(RunLease(self, thread_id, owner, int(fence), held=int(held) == 1))
             return Decision(answer=json.loads(text(stored)), expired=int(was_expired) == 1, lease=lease)
 
+    async def due_waits(self, limit: int = 100) -> list[str]:
+        """Parked runs whose wait has ended by the Redis server clock (the one ``decide`` judges by), soonest first:
+        one range query on the waiting index, never a keyspace scan."""
+        with redis_errors("reading ended waits"):
+            due = await _DUE_WAITS(self._redis, keys=[self.waiting_key], args=[limit])
+        return [text(thread_id) for thread_id in due]
+
+    async def forget_wait(self, thread_id: str) -> bool:
+        """Drop a run from the waiting index unless it is parked (an entry left by a run that ended another way);
+        True when dropped. A run parked again meanwhile keeps its entry."""
+        with redis_errors(f"forgetting the wait of run {thread_id!r}"):
+            dropped = await _FORGET_WAIT(
+                self._redis, keys=[self.run_key(thread_id), self.waiting_key], args=[thread_id]
+            )
+        return bool(dropped == 1)
+
     async def _park_lease(self, lease: RunLease, waiting: Mapping[str, Any], waiting_id: str, until: float) -> bool:
         with redis_errors(f"parking run {lease.thread_id!r}"):
             parked = await _PARK(
                 self._redis,
-                keys=[self.run_key(lease.thread_id), self.index_key],
+                keys=[self.run_key(lease.thread_id), self.index_key, self.waiting_key],
                 args=[
                     lease.thread_id,
                     lease.owner,
@@ -597,7 +640,7 @@ class RunStore:
         with redis_errors(f"setting status of run {thread_id!r}"):
             code, detail = await _SET_STATUS(
                 self._redis,
-                keys=[self.run_key(thread_id), self.index_key],
+                keys=[self.run_key(thread_id), self.index_key, self.waiting_key],
                 args=[
                     thread_id,
                     status.value,

@@ -1,22 +1,15 @@
-"""The concierge: a tool-calling LangGraph agent that books through the other agents, every side effect once.
+"""The concierge: a tool-calling LangGraph agent that books through the other agents, every side effect once and
+only as the person approved it.
 
-``graph.concierge.graph`` is the graph (one chat turn per run, thread id = chat id), ``graph.concierge.tools`` the
-tools offered to the model and the calls behind them, ``graph.concierge.history`` the message history's repair and
-transcript. docs/concierge.md tells the whole story.
+Laid out as LangGraph's agent template: ``state``, ``context`` (deps), ``prompts``, ``tools`` (one record per tool),
+``booking`` (the approved effects on booking-agent), ``graph``. docs/concierge.md tells the whole story.
 """
 
-from graph.concierge.graph import (
-    CONCIERGE_GRAPH,
-    ConciergeDeps,
-    ConciergeState,
-    Model,
-    build_concierge_graph,
-    give_up_update,
-    open_concierge_deps,
-    starts_over,
-    turn_input,
-)
-from graph.concierge.tools import TOOLS, booking_key_for
+from graph.concierge.booking import booking_key_for
+from graph.concierge.context import ConciergeDeps, Model, open_concierge_deps
+from graph.concierge.graph import CONCIERGE_GRAPH, build_concierge_graph, give_up_update, starts_over
+from graph.concierge.state import ConciergeState, turn_input
+from graph.concierge.tools import TOOLS
 
 __all__ = [
     "CONCIERGE_GRAPH",

@@ -1,167 +1,294 @@
-"""The concierge's tools: their JSON schemas (what the model is offered) and the calls behind them.
+"""The concierge's tools, one record each: what the model is offered, what it may send, what runs, and what needs
+the person's approval. Adding a tool is adding a record here.
 
-``search_hotels`` asks search-agent; ``get_booking`` and ``cancel_booking`` ask booking-agent, each over A2A with
-the run's budget, trace context and this service's token (``infra.a2a.client``). ``book_hotel`` is not run here: it
-only gets its quote (the hotel's current price, through search-agent), and the graph asks the person before
-booking-agent's ``book_hotel`` runs (``graph.concierge.graph``). Every argument was validated first
-(``domain.chat.validate_tool_args``).
+The model is data: its arguments are checked like a request body (a pydantic model, from which the offered JSON
+schema is derived, plus the stay rules of ``domain.booking``), and a booking id it names must be one of the chat's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
 
-from domain.booking import ErrorCode, rooms_for, validate_stay
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from domain.booking import MAX_GUESTS, MIN_GUESTS, ErrorCode, validate_stay
 from domain.chat import InvalidToolCallError
 from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, SEARCH_HOTELS
-from infra.bookings import PUBLIC_FIELDS
-from infra.error_table import answer_for
+from graph.concierge import booking as effects
+from graph.concierge.context import ConciergeDeps, Peer
+from graph.concierge.state import Done, Pending
+from graph.concierge.views import booking_view, offer_view, third_party_text, tool_error
 from resilience import policy_for
 
 __all__ = [
     "MAX_OFFERS_SHOWN",
     "TOOLS",
-    "Peer",
-    "booking_key_for",
-    "booking_view",
-    "quote",
-    "run_tool",
-    "tool_error",
+    "TOOLS_BY_NAME",
+    "TOOL_RECORDS",
+    "Approved",
+    "Tool",
+    "ToolContext",
+    "UnknownBookingError",
+    "answer_error",
+    "tool_named",
+    "validate_tool_args",
 ]
 
 MAX_OFFERS_SHOWN: Final = 5
 """Offers a search result shows the model: the cheapest few are what a person chooses from."""
 
-_DATE = {"type": "string", "description": "YYYY-MM-DD", "pattern": r"^\d{4}-\d{2}-\d{2}$"}
-_STAY = {
-    "city": {"type": "string", "description": "The city, e.g. Lisbon."},
-    "checkin": _DATE,
-    "checkout": _DATE,
-    "guests": {"type": "integer", "minimum": 1, "maximum": 8},
-}
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may reach: the peers, and the chat's own bookings (the only ones it may name)."""
+
+    deps: ConciergeDeps
+    chat_id: str
+    bookings: frozenset[str]
+
+    def own_booking(self, booking_id: str) -> str:
+        """``booking_id`` if it is this chat's; otherwise the same error as for an id nobody ever made."""
+        if booking_id not in self.bookings:
+            raise UnknownBookingError(booking_id)
+        return booking_id
 
 
-def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": properties,
-                "required": required,
-                "additionalProperties": False,
-            },
-        },
-    }
+class UnknownBookingError(InvalidToolCallError):
+    """A booking id that is not the chat's: no peer is asked, and the answer says nothing about it."""
+
+    code: str = ErrorCode.UNKNOWN_BOOKING
+
+    def __init__(self, booking_id: str) -> None:
+        super().__init__(f"booking_id: no booking {booking_id} in this chat")
 
 
-TOOLS: Final[tuple[dict[str, Any], ...]] = (
-    _function(
-        SEARCH_HOTELS,
-        "Hotels with rooms for the stay, cheapest first.",
-        {**_STAY, "max_price_per_night": {"type": "number", "exclusiveMinimum": 0}},
-        ["city", "checkin", "checkout", "guests"],
-    ),
-    _function(
-        BOOK_HOTEL,
-        "Book a hotel found by search_hotels. The person is asked to approve the price before anything is charged.",
-        {"hotel_id": {"type": "string"}, **_STAY},
-        ["hotel_id", "city", "checkin", "checkout", "guests"],
-    ),
-    _function(GET_BOOKING, "A booking's status.", {"booking_id": {"type": "string"}}, ["booking_id"]),
-    _function(CANCEL_BOOKING, "Cancel a booking.", {"booking_id": {"type": "string"}}, ["booking_id"]),
-)
-"""The OpenAI tool specifications the model is offered."""
+Run = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+"""A read-only tool: its result (JSON text)."""
+Terms = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]
+"""What the person is asked to approve (the ``Approval`` fields but its id, action and expiry)."""
+Effect = Callable[[ConciergeDeps, str, Pending], Awaitable[Done]]
+"""The approved side effect, run by the ``book`` step (once per approval)."""
 
 
-class Peer(Protocol):
-    """Another agent, as the concierge calls it (``infra.a2a.client.A2AClient``, or a fake in a test)."""
+@dataclass(frozen=True)
+class Approved:
+    """A tool that needs the person's approval: its terms are asked first, its effect made once after a yes."""
 
-    async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]: ...
-
-
-def tool_error(message: str, code: str = ErrorCode.INVALID_REQUEST) -> str:
-    """A tool's result that says it failed: the model reads it and answers (or calls again, within its limit)."""
-    return json.dumps({"error": {"code": str(code), "message": message}})
-
-
-def booking_key_for(chat_id: str, tool_call_id: str) -> str:
-    """booking-agent's ``Idempotency-Key`` for one approved ``book_hotel`` call: the same on every replay, replica
-    and recovery, so however often the step runs there is one booking."""
-    return "concierge-" + hashlib.sha256(f"{chat_id}\x00{tool_call_id}".encode()).hexdigest()[:32]
+    action: Literal["book", "cancel"]
+    terms: Terms
+    effect: Effect
+    once: str
+    """How the effect is made once (beside the ``book`` step's own record per approval)."""
 
 
-def _offer_view(offer: dict[str, Any], nights: int, guests: int) -> dict[str, Any]:
-    total = round(float(offer["price_per_night"]) * rooms_for(guests) * nights, 2)
-    return {
-        "hotel_id": offer["hotel_id"],
-        "name": offer["name"],
-        "stars": offer.get("stars"),
-        "price_per_night": offer["price_per_night"],
-        "total_price": total,
-        "currency": offer["currency"],
-    }
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    """Everything the model may send: an argument this model does not define is refused, naming it."""
+    run: Run | None = None
+    approval: Approved | None = None
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The OpenAI tool specification the model is offered (derived from ``arguments``)."""
+        schema = _untitled(self.arguments.model_json_schema())
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": schema},
+        }
+
+    def validate(self, args: object) -> dict[str, Any]:
+        """The clean arguments, or ``InvalidToolCallError`` naming the first bad one."""
+        if not isinstance(args, dict):
+            raise InvalidToolCallError("arguments: must be a JSON object")
+        known = self.arguments.model_fields
+        given = {name: value for name, value in args.items() if value is not None or name not in known}
+        try:
+            model = self.arguments.model_validate(given)
+        except ValidationError as exc:
+            raise InvalidToolCallError(_first_error(self.name, exc)) from None
+        clean = model.model_dump(exclude_none=True)
+        if "checkin" in clean:
+            try:
+                validate_stay(clean["checkin"], clean["checkout"], clean["guests"])
+            except ValueError as exc:
+                raise InvalidToolCallError(str(exc)) from None
+        return clean
 
 
-async def _search(search_agent: Peer, args: dict[str, Any], hotel_id: str | None = None) -> list[dict[str, Any]]:
-    query = {**args, "hotel_id": hotel_id} if hotel_id is not None else dict(args)
-    result = await policy_for("search_agent").call(search_agent.call, "search_hotels", query)
+def _untitled(schema: Any) -> Any:
+    """pydantic's schema without its ``title`` and ``default: null`` keys (noise in a prompt)."""
+    if isinstance(schema, dict):
+        return {
+            key: _untitled(value)
+            for key, value in schema.items()
+            if key != "title" and not (key == "default" and value is None)
+        }
+    if isinstance(schema, list):
+        return [_untitled(value) for value in schema]
+    return schema
+
+
+def _first_error(tool: str, exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    name = ".".join(str(part) for part in error["loc"]) or "arguments"
+    if error["type"] == "extra_forbidden":
+        return f"{name}: not an argument of {tool}"
+    if error["type"] == "missing":
+        return f"{name}: required"
+    return f"{name}: {error['msg']}"
+
+
+# ------------------------------------------------------------------------------------------------- arguments
+
+
+def _whole_number(value: object) -> object:
+    if isinstance(value, bool | str):
+        raise ValueError("must be a whole number")
+    return value
+
+
+_Strict = ConfigDict(extra="forbid", str_strip_whitespace=True)
+_Date = Annotated[str, Field(description="YYYY-MM-DD", pattern=r"^\d{4}-\d{2}-\d{2}$")]
+_Guests = Annotated[int, Field(ge=MIN_GUESTS, le=MAX_GUESTS), BeforeValidator(_whole_number)]
+_BookingId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class StayArgs(BaseModel):
+    model_config = _Strict
+
+    city: str = Field(min_length=1, max_length=80, description="The city, e.g. Lisbon.")
+    checkin: _Date
+    checkout: _Date
+    guests: _Guests
+
+
+class SearchArgs(StayArgs):
+    max_price_per_night: float = Field(None, gt=0, allow_inf_nan=False)  # type: ignore[assignment]
+
+
+class BookArgs(StayArgs):
+    hotel_id: str = Field(min_length=1, max_length=64)
+
+
+class BookingIdArgs(BaseModel):
+    model_config = _Strict
+
+    booking_id: _BookingId
+
+
+# ------------------------------------------------------------------------------------------------- runners
+
+
+async def _search(search_agent: Peer, query: Mapping[str, Any]) -> list[dict[str, Any]]:
+    result = await policy_for("search_agent").call(search_agent.call, "search_hotels", dict(query))
     offers = result.get("offers", [])
     return [offer for offer in offers if isinstance(offer, dict)]
 
 
-async def run_tool(name: str, args: dict[str, Any], *, search_agent: Peer, booking_agent: Peer) -> str:
-    """The result (JSON text) of a validated ``search_hotels``, ``get_booking`` or ``cancel_booking`` call.
-
-    A failure that answers the call (no such booking, a peer down after its retries) is the tool's result, as an
-    error; a failure of our own stores (``dependency_unavailable``) raises: the run pauses and the step runs again.
-    """
-    try:
-        if name == SEARCH_HOTELS:
-            nights = validate_stay(args["checkin"], args["checkout"], args["guests"])
-            offers = await _search(search_agent, args)
-            shown = [_offer_view(offer, nights, args["guests"]) for offer in offers[:MAX_OFFERS_SHOWN]]
-            return json.dumps({"offers": shown, "found": len(offers)})
-        if name == GET_BOOKING:
-            booking = await policy_for("booking_agent").call(booking_agent.call, "get_booking", args)
-            return json.dumps(booking_view(booking))
-        if name == CANCEL_BOOKING:
-            booking = await policy_for("booking_agent").call(booking_agent.call, "cancel_booking", args)
-            return json.dumps(booking_view(booking))
-    except Exception as exc:
-        answer = answer_for(exc)
-        if answer.code in (ErrorCode.INTERNAL, ErrorCode.DEPENDENCY_UNAVAILABLE):
-            raise
-        return tool_error(answer.message, answer.code)
-    raise InvalidToolCallError(f"{name} is not run as a plain tool")
-
-
-async def quote(args: dict[str, Any], *, search_agent: Peer) -> dict[str, Any]:
-    """``book_hotel``'s quote: the hotel's name and current price for the stay (``InvalidToolCallError`` when the
-    hotel has no room for it, which the model is told)."""
-    if args.get("hotel_id") is None or not isinstance(args["hotel_id"], str):
-        raise InvalidToolCallError("hotel_id: required")
+async def search_hotels(ctx: ToolContext, args: dict[str, Any]) -> str:
     nights = validate_stay(args["checkin"], args["checkout"], args["guests"])
-    offers = await _search(
-        search_agent, {k: args[k] for k in ("city", "checkin", "checkout", "guests")}, args["hotel_id"]
-    )
+    offers = await _search(ctx.deps.search_agent, args)
+    shown = [offer_view(offer, nights, args["guests"]) for offer in offers[:MAX_OFFERS_SHOWN]]
+    return json.dumps({"offers": shown, "found": len(offers)})
+
+
+async def get_booking(ctx: ToolContext, args: dict[str, Any]) -> str:
+    query = {"booking_id": ctx.own_booking(args["booking_id"])}
+    booking = await policy_for("booking_agent").call(ctx.deps.booking_agent.call, "get_booking", query)
+    return json.dumps(booking_view(booking))
+
+
+_STAY_TERMS: Final = ("city", "checkin", "checkout", "guests")
+
+
+async def quote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """``book_hotel``'s terms: the hotel's current price for the stay, through search-agent (``InvalidToolCallError``
+    when the hotel has no room for it, which the model is told)."""
+    nights = validate_stay(args["checkin"], args["checkout"], args["guests"])
+    query = {**{name: args[name] for name in _STAY_TERMS}, "hotel_id": args["hotel_id"]}
+    offers = await _search(ctx.deps.search_agent, query)
     offer = next((o for o in offers if o.get("hotel_id") == args["hotel_id"]), None)
     if offer is None:
         raise InvalidToolCallError(f"hotel_id: {args['hotel_id']} has no room in {args['city']} for this stay")
-    return _offer_view(offer, nights, args["guests"])
+    view = offer_view(offer, nights, args["guests"])
+    return {
+        "hotel_id": args["hotel_id"],
+        "hotel_name": view["name"],
+        **{name: args[name] for name in _STAY_TERMS},
+        "total_price": view["total_price"],
+        "price_per_night": view["price_per_night"],
+        "currency": view["currency"],
+    }
 
 
-_NOT_FOR_THE_MODEL: Final = frozenset(
-    {"reservation_id", "payment_id", "cancel_requested_at", "created_at", "updated_at"}
+async def cancel_terms(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """``cancel_booking``'s terms: the chat's booking as booking-agent has it now (hotel, stay, total)."""
+    booking_id = ctx.own_booking(args["booking_id"])
+    booking = await policy_for("booking_agent").call(
+        ctx.deps.booking_agent.call, "get_booking", {"booking_id": booking_id}
+    )
+    terms: dict[str, Any] = {"booking_id": booking_id}
+    for name in ("hotel_id", "hotel_name", "city", "checkin", "checkout", "guests", "total_price", "currency"):
+        value = booking.get(name)
+        terms[name] = third_party_text(value) if isinstance(value, str) else value
+    return terms
+
+
+# ------------------------------------------------------------------------------------------------- the records
+
+TOOL_RECORDS: Final[tuple[Tool, ...]] = (
+    Tool(
+        SEARCH_HOTELS,
+        "Hotels with rooms for the stay, cheapest first.",
+        SearchArgs,
+        run=search_hotels,
+    ),
+    Tool(
+        BOOK_HOTEL,
+        "Book a hotel found by search_hotels. The person is asked to approve the hotel, stay and total price "
+        "before anything is charged.",
+        BookArgs,
+        approval=Approved(
+            "book",
+            quote,
+            effects.book,
+            once="booking-agent's Idempotency-Key = sha256(chat id, tool call id); the approved total its ceiling",
+        ),
+    ),
+    Tool(GET_BOOKING, "A booking of this chat: its status.", BookingIdArgs, run=get_booking),
+    Tool(
+        CANCEL_BOOKING,
+        "Cancel a booking of this chat. The person is asked to approve the cancel first.",
+        BookingIdArgs,
+        approval=Approved(
+            "cancel", cancel_terms, effects.cancel, once="a cancel of a cancelled booking changes nothing"
+        ),
+    ),
 )
-_BOOKING_FIELDS: Final = tuple(name for name in PUBLIC_FIELDS if name not in _NOT_FOR_THE_MODEL)
+TOOLS_BY_NAME: Final[Mapping[str, Tool]] = {tool.name: tool for tool in TOOL_RECORDS}
+TOOLS: Final[tuple[dict[str, Any], ...]] = tuple(tool.spec for tool in TOOL_RECORDS)
+"""The OpenAI tool specifications the model is offered."""
 
 
-def booking_view(booking: dict[str, Any]) -> dict[str, Any]:
-    """What the model (and the chat) reads of a booking: booking-agent's public view without payment or reservation
-    references."""
-    return {name: booking.get(name) for name in _BOOKING_FIELDS if booking.get(name) is not None}
+def tool_named(name: str) -> Tool:
+    """The record of the tool ``name``, or ``InvalidToolCallError`` listing the tools."""
+    tool = TOOLS_BY_NAME.get(name)
+    if tool is None:
+        raise InvalidToolCallError(f"unknown tool {name!r}; the tools are {', '.join(TOOLS_BY_NAME)}")
+    return tool
+
+
+def validate_tool_args(name: str, args: object) -> dict[str, Any]:
+    """The clean arguments of a call of ``name`` (``InvalidToolCallError`` naming the argument)."""
+    return tool_named(name).validate(args)
+
+
+def answer_error(exc: InvalidToolCallError) -> str:
+    """A refused call's result: ``unknown_booking`` for another chat's booking, ``invalid_request`` otherwise."""
+    return tool_error(str(exc), exc.code)

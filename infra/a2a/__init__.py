@@ -19,6 +19,7 @@ from infra.a2a.errors import (
     A2AUnauthorizedError,
     A2AUnavailableError,
     SkillFailure,
+    SkillInputRequired,
 )
 from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH
 
@@ -32,4 +33,5 @@ __all__ = [
     "A2AUnauthorizedError",
     "A2AUnavailableError",
     "SkillFailure",
+    "SkillInputRequired",
 ]

@@ -14,9 +14,11 @@
      │    └── A2ASkillError             the remote skill failed with a business error (``payment_declined``,
      │                                  ``unknown_skill``, ``invalid_request``): .code, .message, .data;
      │                                  also ``NonRetryableError``
-     └── resilience.errors.NonRetryableError
-          └── SkillFailure              raised by a skill handler to answer with a business error: .code, .message,
-                                        .data (the server side; the caller receives it as ``A2ASkillError``)
+     ├── resilience.errors.NonRetryableError
+     │    └── SkillFailure              raised by a skill handler to answer with a business error: .code, .message,
+     │                                  .data (the server side; the caller receives it as ``A2ASkillError``)
+     └── SkillInputRequired             raised by a skill handler that needs more from the client before it acts:
+                                        the task waits (``input-required``) with .message and .data; not an error
 
 Which code and HTTP status each of these means to a caller: ``infra.error_table``.
 """
@@ -87,5 +89,15 @@ class SkillFailure(NonRetryableError):
     def __init__(self, code: str, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.message = message
+        self.data = data
+
+
+class SkillInputRequired(Exception):
+    """A skill's "not yet: send this first" (a decision that names no approval, or not the pending one): the task
+    waits in ``input-required`` with ``message`` (text) and ``data`` (a data part) instead of failing."""
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(message)
         self.message = message
         self.data = data

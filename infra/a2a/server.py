@@ -4,8 +4,9 @@ The ``/a2a`` endpoint checks the service token (a JWT for this agent, signed wit
 ``infra.auth``; 401 otherwise), starts the budget from ``X-Timeout-Budget`` and adopts the caller's ``traceparent``
 before the SDK sees the request; a blocking ``SendMessage`` that starts a new task runs the skill inline, in the
 request's own task. A skill that names its ``callers`` refuses everyone else (``forbidden``), by the token's
-verified ``iss``. A message with no data part (text) gets a task waiting for input that names the skills. Why, and
-the wire format: ``docs/a2a.md``.
+verified ``iss``. A message with no data part (text) gets a task waiting for input that names the skills; a skill
+that raises ``SkillInputRequired`` gets a task waiting for the input it names. Why, and the wire format:
+``docs/a2a.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from domain.booking import ErrorCode
-from infra.a2a.errors import SkillFailure
+from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH, RESULT_ARTIFACT, data_part, error_payload, first_data
 from infra.auth import InvalidServiceTokenError, MissingSecretError, ServiceClaims, TokenVerifier, service_secret
 from infra.error_table import answer_for, answer_response, error_body
@@ -244,6 +245,9 @@ class _SkillExecutor(AgentExecutor):
             return _completed_task(task_id, context_id, result)
         except asyncio.CancelledError:
             raise
+        except SkillInputRequired as wanted:  # the skill needs more before it acts: the task waits for it
+            parts = [Part(text=wanted.message), data_part(wanted.data)]
+            return _agent_task(task_id, context_id, TaskState.TASK_STATE_INPUT_REQUIRED, parts)
         except Exception as exc:
             return _agent_task(task_id, context_id, TaskState.TASK_STATE_FAILED, [data_part(self._describe(exc))])
 

@@ -1,6 +1,7 @@
 """concierge-agent with real processes: a conversation through the simulated model (llm-api, reached by the real
 ``ChatOpenAI``) to a confirmed booking, approvals refused, expired and raced, bad input, the SSE journal resumed
-with ``Last-Event-ID``, the A2A ``concierge`` skill; and ``concierge verify`` clean after them.
+with ``Last-Event-ID``, the A2A ``concierge`` skill (a decision applies only to the approval it names); and
+``concierge verify`` clean after them.
 
 The kill -9 tests (``test_concierge_kills.py``) are slow; these stay in the default suite.
 """
@@ -357,6 +358,75 @@ def test_the_a2a_concierge_skill_streams_the_answer_over_message_stream(stack: S
     assert updates[-1]["status"]["state"] == "TASK_STATE_COMPLETED"
     answer = next(r["artifactUpdate"] for r in results if "artifactUpdate" in r)["artifact"]["parts"][0]["text"]
     assert "Porto" in answer and "".join(streamed).endswith(answer), (streamed, answer)
+
+
+def a2a_concierge(stack: Stack, context_id: str, skill_input: dict[str, Any]) -> dict[str, Any]:
+    """One blocking ``SendMessage`` of the ``concierge`` skill in the conversation ``context_id``: its task."""
+    token = stack.service_token("booking-agent", "concierge-agent")
+    body = {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "method": "SendMessage",
+        "params": {
+            "message": {
+                "role": "ROLE_USER",
+                "messageId": os.urandom(8).hex(),
+                "contextId": context_id,
+                "parts": [{"data": {"skill": "concierge", "input": skill_input}}],
+            }
+        },
+    }
+    headers = {"Authorization": f"Bearer {token}", "A2A-Version": "1.0"}
+    response = stack.http.post(url(stack, "/a2a"), json=body, headers=headers, timeout=90)
+    assert response.status_code == 200, response.text
+    return dict(response.json()["result"]["task"])
+
+
+def a2a_result(task: dict[str, Any]) -> dict[str, Any]:
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+    return dict(next(p["data"] for p in task["artifacts"][0]["parts"] if "data" in p))
+
+
+def test_an_a2a_decision_applies_only_to_the_approval_it_names(stack: Stack) -> None:
+    """Over A2A a stale "yes" (the id of an earlier, refused approval) or one naming no approval, while a newer
+    approval waits, is answered ``input-required`` naming the newer one and decides nothing: no model call, nothing
+    booked. The decision naming the pending one books it."""
+    context_id = f"consent-{os.urandom(6).hex()}"
+    first = a2a_result(a2a_concierge(stack, context_id, {"text": book_request(), "payment_token": "tok_visa"}))
+    assert first["status"] == "awaiting_approval", first
+    earlier = first["pending_approval"]
+    refused = a2a_result(a2a_concierge(stack, context_id, {"approve": False, "approval_id": earlier["approval_id"]}))
+    assert refused["status"] == "idle" and refused["pending_approval"] is None, refused
+    second = a2a_result(a2a_concierge(stack, context_id, {"text": book_request()}))
+    newer = second["pending_approval"]
+    assert second["status"] == "awaiting_approval" and newer["approval_id"] != earlier["approval_id"], second
+    assert stack.admin("DELETE", "llm-api", "requests").status_code == 200
+
+    for stale in ({"approve": True, "approval_id": earlier["approval_id"]}, {"approve": True}):
+        task = a2a_concierge(stack, context_id, {**stale, "payment_token": "tok_visa"})
+        assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", task
+        parts = task["status"]["message"]["parts"]
+        said = next(p["data"] for p in parts if "data" in p)
+        assert said["status"] == "awaiting_approval" and said["pending_approval"] == newer, said
+        assert newer["approval_id"] in next(p["text"] for p in parts if "text" in p)
+    chat_id = second["chat_id"]
+    view = chat(stack, chat_id, wait=0)
+    assert view["status"] == "awaiting_approval" and view["bookings"] == [], view
+    kinds = [e["kind"] for e in events(stack, chat_id)]
+    assert kinds.count("approval_decided") == 1, kinds  # the refusal only
+    response = stack.admin("GET", "llm-api", "requests")
+    assert response.status_code == 200 and response.json()["requests"] == [], response.text
+
+    booked = a2a_result(
+        a2a_concierge(
+            stack, context_id, {"approve": True, "approval_id": newer["approval_id"], "payment_token": "tok_visa"}
+        )
+    )
+    assert booked["status"] == "idle" and booked["last_turn"]["outcome"] == "answered", booked
+    view = chat(stack, chat_id, wait=0)
+    assert len(view["bookings"]) == 1, view
+    booking = stack.booking(view["bookings"][0], wait=30)
+    assert booking["status"] == "confirmed" and booking["hotel_id"] == newer["hotel_id"], booking
 
 
 def test_verify_is_clean_after_the_conversations(stack: Stack) -> None:

@@ -1,8 +1,9 @@
 """kill -9 of concierge-agent at every point of a turn, with real processes: during the model call, while the
 approval waits, right after the approval's 202, during the booking's charge. Each ends with exactly one booking
 for the approval, shown once in the chat, and ``concierge verify`` clean. An approval past ``APPROVAL_TTL_S`` is
-refused (409 ``approval_expired``) and books nothing. Killed during a 429's ``retry-after`` wait, the resumed turn asks
-the model once more, after the wait.
+decided ``expired`` by the sweeper with nobody reading the chat, a late decision is refused (409
+``approval_expired``) and nothing is booked; reading a chat past the TTL calls no model and decides nothing. Killed
+during a 429's ``retry-after`` wait, the resumed turn asks the model once more, after the wait.
 
 The recovery worker resumes a killed owner's turn as soon as its presence connection is gone; no wall-clock
 assertions beyond the waits' bounds (the figures are printed).
@@ -195,24 +196,100 @@ def test_kill_during_the_bookings_charge_books_and_charges_once(stack: Stack) ->
     print(f"charge: turn resumed {resumed_after(stack, chat_id, killed)} s after the kill; booking {booking_id}")
 
 
-def test_an_expired_approval_is_refused_and_books_nothing(stack: Stack) -> None:
+def test_booking_agent_down_when_the_approval_comes_is_waited_out_and_books_once(stack: Stack) -> None:
+    """An approved booking is a promise: booking-agent killed before the yes, the turn pauses for it (journaled
+    ``paused``) instead of telling the model "unavailable", and books once when it is back."""
+    chat_id = new_chat(stack)
+    say(stack, chat_id, book_request(), payment_token="tok_visa")
+    pending = awaiting(stack, chat_id)
+    call_id = journal_entry(stack, chat_id, "approval_requested")["tool_call_id"]
+
+    def book_results() -> list[dict[str, Any]]:
+        return [e for e in events(stack, chat_id) if e["kind"] == "tool_result" and e["tool_call_id"] == call_id]
+
+    stack.services["booking-agent"].kill()
+    try:
+        assert approve(stack, chat_id, pending["approval_id"], {"approve": True}).status_code == 202
+        paused = journal_entry(stack, chat_id, "paused")
+        assert paused["dependency"] == "booking_agent", paused
+        assert book_results() == []  # the model was told nothing: the call waits
+    finally:
+        stack.serve("booking-agent")
+    booking_id = one_booking(stack, chat_id, pending)
+    results = book_results()
+    assert len(results) == 1 and results[0]["status"] != "error", results
+    print(f"booking-agent down: {sum(e['kind'] == 'paused' for e in events(stack, chat_id))} pauses; {booking_id}")
+
+
+def journal_entry(stack: Stack, chat_id: str, kind: str, within: float = 60.0) -> dict[str, Any]:
+    """The chat's first journal entry of ``kind``, waited for (reading the journal, never the chat or the list)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = [e for e in events(stack, chat_id) if e["kind"] == kind]
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    pytest.fail(f"no {kind} in chat {chat_id} within {within}s: {[e['kind'] for e in events(stack, chat_id)]}")
+
+
+def test_an_expired_approval_is_decided_by_the_sweeper_without_a_read_and_books_nothing(stack: Stack) -> None:
+    """Nobody reads the chat or the list: the sweeper decides the approval ``expired`` (journaled), the turn ends
+    telling the model, a late decision answers 409 ``approval_expired``, and nothing is booked."""
     stack.services["concierge-agent"].kill()
     restart(stack, {"APPROVAL_TTL_S": "1"})
     try:
         chat_id = new_chat(stack)
         say(stack, chat_id, book_request(), payment_token="tok_visa")
-        pending = awaiting(stack, chat_id)
-        time.sleep(1.5)
-        listed = stack.http.get(url(stack, "/chats")).json()["chats"]
-        (row,) = [c for c in listed if c["chat_id"] == chat_id]
-        assert row["status"] != "awaiting_approval", row  # the list expires it as the chat's own view does
-        late = approve(stack, chat_id, pending["approval_id"], {"approve": True})
+        requested = journal_entry(stack, chat_id, "approval_requested")
+        approval_id = requested["approval"]["approval_id"]
+        decided = journal_entry(stack, chat_id, "approval_decided")
+        assert (decided["approval_id"], decided["approve"], decided["expired"]) == (approval_id, False, True), decided
+        late_s = at(decided["at"]).replace(tzinfo=UTC) - at(requested["approval"]["expires_at"]).replace(tzinfo=UTC)
+        print(f"sweeper: approval_decided {late_s.total_seconds():.2f} s after expires_at")
+        journal_entry(stack, chat_id, "turn_finished")
+        late = approve(stack, chat_id, approval_id, {"approve": True})
         assert late.status_code == 409 and late.json()["error"]["code"] == "approval_expired", late.text
         view = chat(stack, chat_id, wait=60)
-        assert view["status"] == "idle" and view["bookings"] == []
-        again = approve(stack, chat_id, pending["approval_id"], {"approve": True})
-        assert again.status_code == 409
+        assert view["status"] == "idle" and view["bookings"] == [] and view["pending_approval"] is None, view
+        listed = stack.http.get(url(stack, "/chats")).json()["chats"]
+        (row,) = [c for c in listed if c["chat_id"] == chat_id]
+        assert row["status"] == "idle", row
+        assert [e["kind"] for e in events(stack, chat_id)].count("approval_decided") == 1
         assert stack.http.post(url(stack, f"/chats/{chat_id}/messages"), json={"text": "thanks"}).status_code == 202
+    finally:
+        kill_and_restart(stack)
+
+
+def test_reading_a_chat_past_its_approvals_ttl_calls_no_model_and_decides_nothing(stack: Stack) -> None:
+    """With the sweeper idle (``APPROVAL_SWEEP_INTERVAL_S`` an hour), reading the chat, long-polling it and listing
+    chats after ``expires_at`` shows the approval as it stands, asks the model nothing and journals no decision;
+    the POST of a decision is what decides it (409 ``approval_expired``), and only then is the model asked."""
+    stack.services["concierge-agent"].kill()
+    restart(stack, {"APPROVAL_TTL_S": "3", "APPROVAL_SWEEP_INTERVAL_S": "3600"})
+    try:
+        chat_id = new_chat(stack)
+        say(stack, chat_id, book_request(), payment_token="tok_visa")
+        pending = awaiting(stack, chat_id)  # a read before the approval expires
+        assert stack.admin("DELETE", "llm-api", "requests").status_code == 200
+        expires = datetime.fromisoformat(pending["expires_at"].replace("Z", "+00:00")).timestamp()
+        time.sleep(max(0.0, expires - time.time()) + 1.0)  # past expires_at (a lower bound, by the clock it names)
+        for _ in range(3):
+            view = chat(stack, chat_id, wait=0)
+            assert view["status"] == "awaiting_approval" and view["pending_approval"] == pending, view
+            assert chat(stack, chat_id, wait=2)["status"] == "awaiting_approval"  # not running: answered at once
+            listed = stack.http.get(url(stack, "/chats")).json()["chats"]
+            (row,) = [c for c in listed if c["chat_id"] == chat_id]
+            assert row["status"] == "awaiting_approval", row
+        assert llm_requests(stack) == []
+        assert "approval_decided" not in [e["kind"] for e in events(stack, chat_id)]
+
+        late = approve(stack, chat_id, pending["approval_id"], {"approve": True})
+        assert late.status_code == 409 and late.json()["error"]["code"] == "approval_expired", late.text
+        decided = journal_entry(stack, chat_id, "approval_decided")
+        assert (decided["approve"], decided["expired"]) == (False, True), decided
+        view = chat(stack, chat_id, wait=60)
+        assert view["status"] == "idle" and view["bookings"] == [], view
+        assert llm_requests(stack), "the decided turn told the model: the log counts what reaches it"
     finally:
         kill_and_restart(stack)
 
@@ -276,16 +353,14 @@ def test_sigterm_answers_the_open_long_poll_and_ends_the_stream_with_shutting_do
         lines, poll = pool.submit(stream_lines), pool.submit(long_poll)
         time.sleep(2.0)  # both open and waiting, the turn's model call in flight
         assert not lines.done() and not poll.done()
-        signalled = time.monotonic()
         assert agent.terminate() in (0, -15)
         answered = poll.result(timeout=30)
         streamed = lines.result(timeout=30)
-        took = time.monotonic() - signalled
     assert answered.status_code == 200, answered.text
     assert answered.json()["status"] == "running"  # the chat as it stands
     assert "event: shutting_down" in streamed and "retry: 1000" in streamed, streamed[-10:]
-    assert took < 5.0, f"answered at once, not at the graceful timeout ({took:.1f}s)"
     log = agent.log_text()
+    # answered at once: had either been left open, uvicorn would have sat out its graceful timeout and said so
     assert "graceful shutdown exceeded" not in log and "Traceback" not in log, log[-3000:]
     stack.fault("llm-api")
     restart(stack)

@@ -143,3 +143,30 @@ async def test_a_command_resume_runs_the_rest_once(redis):
     done = await execute_run(graph, decision.lease, Command(resume=decision.answer), budget_s=10)
     assert done.outcome is RunOutcome.DONE, done.error
     assert done.values is not None and done.values["booked"] == 0
+
+
+async def test_the_waiting_index_lists_a_parked_run_until_it_is_decided_and_only_once_its_wait_ended(redis):
+    """The approval sweeper's one range query: a run is listed from its park to its decision, due only once its wait
+    ended by the server clock; an entry whose run ended another way is dropped, a parked run's never."""
+    store = RunStore(redis, ttl=5, presence=False)
+    soon = await store.begin("chat-6", "concierge", {}, "agent-a", turn="t1")
+    later = await store.begin("chat-7", "concierge", {}, "agent-a", turn="t1")
+    assert soon.lease is not None and later.lease is not None
+    await soon.lease.park({"approval": {}}, waiting_id="ap1", until=time.time() - 1)
+    await later.lease.park({"approval": {}}, waiting_id="ap2", until=time.time() + 60)
+    assert await redis.zscore(store.waiting_key, "chat-7") is not None  # listed, not due yet
+    assert await store.due_waits() == ["chat-6"]
+    assert not await store.forget_wait("chat-6")  # parked: its entry stays
+
+    decision = await store.decide("chat-6", "ap1", {"approve": True}, {"approve": False, "expired": True}, "sweeper")
+    assert decision is not None and decision.expired and decision.lease is not None
+    assert await store.due_waits() == []
+    assert await redis.zscore(store.waiting_key, "chat-6") is None  # decided: gone from the index
+
+    await redis.zadd(store.waiting_key, {"chat-6": 0})  # a stale entry (its run is running again, not parked)
+    assert await store.due_waits() == ["chat-6"]
+    assert await store.forget_wait("chat-6")
+    assert await store.due_waits() == []
+    await decision.lease.finish(RunStatus.DONE)
+    await store.set_status("chat-7", RunStatus.FAILED)  # a parked run ended another way leaves the index too
+    assert await redis.zcard(store.waiting_key) == 0

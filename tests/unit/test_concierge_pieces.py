@@ -9,15 +9,11 @@ from datetime import date, timedelta
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from domain.chat import (
-    MAX_TEXT_BYTES,
-    InvalidToolCallError,
-    approval_id_for,
-    check_text,
-    validate_tool_args,
-)
+from domain.chat import MAX_TEXT_BYTES, InvalidToolCallError, approval_id_for, check_text
+from graph.concierge.booking import booking_key_for
 from graph.concierge.history import repair_history, transcript
-from graph.concierge.tools import booking_key_for, booking_view
+from graph.concierge.tools import validate_tool_args
+from graph.concierge.views import booking_view
 
 CHECKIN = (date.today() + timedelta(days=30)).isoformat()
 CHECKOUT = (date.today() + timedelta(days=32)).isoformat()

@@ -1,0 +1,75 @@
+"""What the model reads of the world: tool results as JSON, third-party text in them cut short and cleaned.
+
+A hotel's name or a booking's message is a provider's text, not ours: ``third_party_text`` is the one place it is
+made safe to show (at most ``MAX_THIRD_PARTY_CHARS``, no control or bidi characters).
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any, Final
+
+from domain.booking import ErrorCode, rooms_for
+from infra.bookings import PUBLIC_FIELDS
+
+__all__ = [
+    "MAX_THIRD_PARTY_CHARS",
+    "booking_view",
+    "offer_view",
+    "third_party_text",
+    "tool_error",
+]
+
+MAX_THIRD_PARTY_CHARS: Final = 120
+"""The most of one provider text field the model reads: a name, not a page of instructions."""
+_STRIPPED: Final = frozenset({"Cc", "Cf"})
+"""Control characters and format characters (bidi overrides, zero-width joiners, tags)."""
+
+
+def third_party_text(value: object) -> str | None:
+    """A provider's text as the model may read it: Unicode categories Cc and Cf removed, at most 120 characters."""
+    if value is None:
+        return None
+    text = "".join(ch for ch in str(value) if unicodedata.category(ch) not in _STRIPPED)
+    return text[:MAX_THIRD_PARTY_CHARS]
+
+
+def tool_error(message: str, code: str = ErrorCode.INVALID_REQUEST, **details: Any) -> str:
+    """A tool's result that says it failed: the model reads it and answers (or calls again, within its limit)."""
+    return json.dumps({"error": {"code": str(code), "message": message, **details}})
+
+
+def offer_view(offer: dict[str, Any], nights: int, guests: int) -> dict[str, Any]:
+    """One search offer: its price for the whole stay (every room, every night) beside the hotel's name."""
+    total = round(float(offer["price_per_night"]) * rooms_for(guests) * nights, 2)
+    return {
+        "hotel_id": third_party_text(offer["hotel_id"]),
+        "name": third_party_text(offer.get("name")),
+        "stars": offer.get("stars") if isinstance(offer.get("stars"), int | float) else None,
+        "price_per_night": float(offer["price_per_night"]),
+        "total_price": total,
+        "currency": third_party_text(offer["currency"]),
+    }
+
+
+_NOT_FOR_THE_MODEL: Final = frozenset(
+    {"reservation_id", "payment_id", "cancel_requested_at", "created_at", "updated_at"}
+)
+_BOOKING_FIELDS: Final = tuple(name for name in PUBLIC_FIELDS if name not in _NOT_FOR_THE_MODEL)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return third_party_text(value)
+    if isinstance(value, dict):
+        return {str(key): _clean(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_clean(item) for item in value]
+    return value
+
+
+def booking_view(booking: dict[str, Any]) -> dict[str, Any]:
+    """What the model (and the chat) reads of a booking: booking-agent's public view without payment or reservation
+    references, every text in it third-party text."""
+    return {name: _clean(booking.get(name)) for name in _BOOKING_FIELDS if booking.get(name) is not None}
