@@ -6,7 +6,8 @@ A fresh stack: a new data directory, a Redis that ``up`` starts itself (so ``cha
 file in the data directory), and a new Postgres database on ``ADMIN_URL``'s server (``CHAOS_POSTGRES_URL`` or
 ``TEST_DATABASE_URL``, default ``postgresql://postgres@127.0.0.1:5432/postgres``) when that server answers, so the
 ``postgres`` fault drops connections of this stack only; else the SQLite checkpointer. Exits with ``chaos``'s code;
-the data directory (logs, verdict.json) is kept with ``--keep`` and printed either way.
+the data directory (logs, verdict.json) is kept with ``--keep`` and printed either way. ``chaos`` gets ``--chats 2``
+(two conversations beside the clients) unless its options name ``--chats``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import psycopg
 
 CONCIERGE = (sys.executable, "-m", "stack.cli")
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_CHATS = 2
+"""Conversations a run drives unless told otherwise: the approvals and the model's faults in every `make chaos`."""
 UP_TIMEOUT_S = 240
 """A loaded machine starts the stack in minutes, not seconds: the run is not the place to fail on that."""
 
@@ -73,6 +76,8 @@ def main() -> int:
     parser.add_argument("chaos", nargs=argparse.REMAINDER, help="options for `concierge chaos` (after --)")
     args = parser.parse_args()
     chaos_args = [a for a in args.chaos if a != "--"]
+    if not any(a == "--chats" or a.startswith("--chats=") for a in chaos_args):
+        chaos_args = ["--chats", str(DEFAULT_CHATS), *chaos_args]
     admin_url = None if args.sqlite else (
         args.postgres or os.environ.get("CHAOS_POSTGRES_URL") or os.environ.get("TEST_DATABASE_URL") or DEFAULT_ADMIN_URL
     )  # fmt: skip

@@ -1,15 +1,17 @@
 """``concierge chaos``: random faults against the running stack under a closed-loop load, then heal and judge.
 
     concierge chaos [--duration S] [--every MIN-MAX] [--seed N] [--faults KIND,...] [--at-once N]
-                    [--clients N] [--cancel-rate R] [--settle S] [--strict] [--json PATH]
+                    [--clients N] [--cancel-rate R] [--chats N] [--settle S] [--strict] [--json PATH]
 
 Every ``--every`` seconds (3–8 by default) one fault starts, unless ``--at-once`` (3) are already running: ``kill``
 (kill -9 of a service; the supervisor restarts it), ``pause`` (SIGSTOP for 2–6 s, then SIGCONT), ``restart``
 (SIGTERM, down 1–4 s, start again), ``redis`` (kill -9 of the Redis ``up`` started, restarted from its append-only
 file), ``postgres`` (``pg_terminate_backend`` of every other connection to ``DATABASE_URL``'s database), ``errors``
 / ``slow`` (a provider answering 30% 503s / 2 s late for 5–15 s, through its ``/admin/faults`` as ``concierge fault``
-does). Meanwhile ``--clients`` (8) book one stay after another, each waiting for its booking to be final, cancelling
-a ``--cancel-rate`` share of them. Then everything is healed, every booking waited for (``--settle``) and the verdict
+does), ``cut`` (llm-api dropping its answers mid-stream). Meanwhile ``--clients`` (8) book one stay after another,
+each waiting for its booking to be final, cancelling a ``--cancel-rate`` share of them, and ``--chats`` (0)
+conversations ask concierge-agent for stays and approve or refuse them (``stack.chaos_chats``); with chats, llm-api
+is faulted too. Then everything is healed, every booking waited for (``--settle``) and the verdict
 printed (``stack.chaos_verdict``). Exit 1 when a promise broke (a booking not final, a ledger disagreement, a 5xx
 other than 503), or with ``--strict`` when a target was missed. A compose stack (no local supervisor) gets the
 faults that need no process of ours: provider faults and, with ``DATABASE_URL``, Postgres. ``docs/chaos.md``.
@@ -46,30 +48,42 @@ from infra.settings import get_settings
 from providers.inventory import CITIES
 from recovery.queue import DeadLetterQueue
 from stack.book import booking_agent_urls
+from stack.chaos_chats import TRY_AGAIN, Conversations, retry_after
 from stack.chaos_verdict import (
+    ApprovalRecord,
     BookingOutcome,
+    ChatJudgement,
+    ChatRecord,
     FaultRecord,
     iso_epoch,
+    judge_chats,
     refusal_to_failed,
     render_verdict,
     summarize,
 )
+from stack.chat import concierge_agent_urls
 from stack.console import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, Subparsers, stack_paths
 from stack.control import call, supervisor_running
 from stack.dlq import CommandError, redis_command
 from stack.errors import StackError
 from stack.state import InstanceState, StackPaths, StackState, is_stack_process
 from stack.target import admin_token, provider_url
-from stack.verify import check_ledgers
+from stack.verify import check_ledgers, ledger_charges
 
 __all__ = ["FAULT_KINDS", "PROCESS_FAULTS", "ChaosPlan", "parse_range", "register_chaos"]
 
-FAULT_KINDS = ("kill", "pause", "restart", "redis", "postgres", "errors", "slow")
+FAULT_KINDS = ("kill", "pause", "restart", "redis", "postgres", "errors", "slow", "cut")
 PROCESS_FAULTS = frozenset({"kill", "pause", "restart", "redis"})
 """The faults that need the local supervisor's processes (``concierge up``)."""
 SPARED = frozenset({"console", "llm-api"})
-"""Never faulted: the console shows the run (and may have started it); no booking talks to llm-api."""
+"""Never faulted: the console shows the run (and may have started it); no booking talks to llm-api (with
+``--chats``, the conversations do: llm-api is faulted then)."""
 PROVIDERS = ("hotel-api", "payment-api")
+LLM_API = "llm-api"
+LLM_FAULTS = frozenset({"cut"})
+"""The faults only llm-api carries: they need conversations to mean anything."""
+LLM_ERROR_STATUSES = (500, 503, 529)
+CUT_AFTER_TOKENS = (0, 12)
 ERROR_RATE = 0.3
 SLOW_S = 2.0
 PAUSE_S = (2.0, 6.0)
@@ -80,8 +94,6 @@ LONG_POLL_S = 10.0
 REQUEST_TIMEOUT_S = 5.0
 HEAL_TIMEOUT_S = 90.0
 JUDGE_ATTEMPTS = 10
-TRY_AGAIN = frozenset({429, 502, 503, 504})
-"""Answers that say "not now": the request is sent again, with the same ``Idempotency-Key``, after ``Retry-After``."""
 _ERROR_LINE = re.compile(rb"\bERROR\b")
 T = TypeVar("T")
 
@@ -97,6 +109,7 @@ class ChaosPlan:
     cancel_rate: float
     settle_s: float
     budget_s: float
+    chats: int = 0
 
 
 def parse_range(value: str, option: str) -> tuple[float, float]:
@@ -153,6 +166,10 @@ def register_chaos(subparsers: Subparsers) -> None:
     parser.add_argument("--clients", type=_bounded(int, 0, 64), default=8, metavar="N", help="0: no load (default 8)")
     parser.add_argument("--cancel-rate", type=_bounded(float, 0, 1), default=0.05, metavar="R", help="default 0.05")
     parser.add_argument(
+        "--chats", type=_bounded(int, 0, 16), default=0, metavar="N",
+        help="conversations with concierge-agent beside the clients, approving or refusing at random (default 0)",
+    )  # fmt: skip
+    parser.add_argument(
         "--settle", type=_bounded(float, 1, 3600), default=None, metavar="S",
         help="after the heal, how long bookings may take to end (default: the booking budget + 60)",
     )  # fmt: skip
@@ -177,14 +194,17 @@ async def _chaos(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:
         cancel_rate=args.cancel_rate,
         settle_s=args.settle if args.settle is not None else budget + 60,
         budget_s=budget,
+        chats=args.chats,
     )
     paths = stack_paths()
     await redis.ping()  # no Redis, no verdict: say so now, in one line, not after the run
     try:
-        world = await World.find(paths)
+        world = await World.find(paths, chats=plan.chats > 0)
     except StackError as exc:
         raise CommandError(str(exc)) from exc
     await world.reachable()
+    if plan.chats:
+        await world.concierge_reachable()
     run = Run(plan, world, out)
     verdict_json = await run.main(redis)
     if args.json is not None:
@@ -206,17 +226,21 @@ class World:
     local: bool
     booking_agents: list[str]
     providers: dict[str, str]
+    """The providers faults may hit: hotel-api, payment-api, and llm-api when there are conversations."""
     token: str | None
     database_url: str | None
+    concierge_agents: list[str] = field(default_factory=list)
+    """Empty without conversations."""
 
     @classmethod
-    async def find(cls, paths: StackPaths) -> World:
+    async def find(cls, paths: StackPaths, *, chats: bool = False) -> World:
         local = supervisor_running(paths)
         if local:
             await call(paths, "ping")
-        providers = {name: provider_url(name, None)[0] for name in PROVIDERS}
+        providers = {name: provider_url(name, None)[0] for name in (*PROVIDERS, *([LLM_API] if chats else []))}
         token = admin_token(explicit_url=False)
-        return cls(paths, local, booking_agent_urls(None), providers, token, get_settings().database_url)
+        concierges = concierge_agent_urls(None) if chats else []
+        return cls(paths, local, booking_agent_urls(None), providers, token, get_settings().database_url, concierges)
 
     async def reachable(self) -> None:
         """Some booking-agent answers (any status): else there is no stack to run against."""
@@ -228,11 +252,22 @@ class World:
         where = ", ".join(self.booking_agents)
         raise CommandError(f"booking-agent at {where} is unreachable: stack not running? (`concierge up`)")
 
+    async def concierge_reachable(self) -> None:
+        """With conversations, some concierge-agent answers too."""
+        async with httpx.AsyncClient(timeout=3.0) as http:
+            for url in self.concierge_agents:
+                with contextlib.suppress(httpx.HTTPError):
+                    await http.get(f"{url}/health")
+                    return
+        where = ", ".join(self.concierge_agents)
+        raise CommandError(f"concierge-agent at {where} is unreachable: --chats needs it (`concierge up`)")
+
     async def state(self) -> StackState:
         return StackState.from_json((await call(self.paths, "status"))["state"])
 
     async def victims(self) -> list[InstanceState]:
-        return [i for i in (await self.state()).instances if i.service not in SPARED and i.status == "up" and i.pid]
+        spared = SPARED - {LLM_API} if LLM_API in self.providers else SPARED
+        return [i for i in (await self.state()).instances if i.service not in spared and i.status == "up" and i.pid]
 
 
 @dataclass
@@ -257,6 +292,8 @@ class Run:
         self.stop_load = asyncio.Event()
         self.give_up = asyncio.Event()
         self.active: set[asyncio.Task[None]] = set()
+        self.statuses: dict[str, str] = {}
+        """Every booking's status, as verify read it: the conversations' bookings are judged with them."""
 
     def say(self, message: str) -> None:
         now = datetime.now().strftime("%H:%M:%S.%f")[:-3]
@@ -274,13 +311,25 @@ class Run:
             f"chaos seed {self.plan.seed}: {self.plan.duration_s:g}s, a fault every {self.plan.every_s[0]:g}-"
             f"{self.plan.every_s[1]:g}s (≤ {self.plan.at_once} at once) of {','.join(kinds) or 'none'}; "
             f"{self.plan.clients} client(s), {self.plan.cancel_rate:.0%} cancelled"
+            f"{f'; {self.plan.chats} chat(s)' if self.plan.chats else ''}"
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._interrupt)
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as http:
             self.http = http
+            self.conversations = Conversations(
+                self.plan.chats,
+                self.plan.seed,
+                self.world.concierge_agents,
+                http,
+                self.stop_load,
+                self.give_up,
+                self._answered,
+                self.say,
+            )
             clients = [asyncio.create_task(self._client(n)) for n in range(self.plan.clients)]
+            clients += [asyncio.create_task(self.conversations.converse(n)) for n in range(self.plan.chats)]
             try:
                 await self._inject(kinds)
             finally:
@@ -290,6 +339,7 @@ class Run:
             settle = loop.call_later(self.plan.settle_s, self.give_up.set)
             await asyncio.gather(*clients, return_exceptions=True)
             settle.cancel()
+            conversations = await self.conversations.records() if self.plan.chats else None
             # the client of the start may hold connections to a Redis killed since: judge on a new one
             judge = create_redis(get_settings().redis_url, socket_connect_timeout=3.0, socket_timeout=10.0)
             stuck, dlq, found = 0, 0, []
@@ -302,6 +352,10 @@ class Run:
                 found = [*found, str(exc)]  # what cannot be checked is not proven: a broken promise
             finally:
                 await judge.aclose()
+            chats = None
+            if conversations is not None:
+                chats, unproven = await self._judge_chats(*conversations)
+                found = [*found, *unproven]
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         error_lines = _error_lines(self.world.paths, log_sizes) if self.world.local else {}
@@ -324,6 +378,7 @@ class Run:
             minutes=(time.time() - started_wall) / 60 if self.world.local else None,
             notes=self.notes,
             load={"start": load_at_start, "end": os.getloadavg()[0], "cores": float(os.cpu_count() or 0)},
+            chats=chats,
         )
         self.out.write(render_verdict(verdict) + "\n")
         self.out.flush()
@@ -347,9 +402,11 @@ class Run:
         if "postgres" in kinds and not (self.world.database_url or "").startswith("postgres"):
             self.notes.append("DATABASE_URL is not Postgres: skipped postgres")
             kinds.remove("postgres")
-        if {"errors", "slow"} & set(kinds) and self.world.token is None:
-            self.notes.append("no admin token (CONCIERGE_ADMIN_TOKEN): skipped errors,slow")
-            kinds = [k for k in kinds if k not in ("errors", "slow")]
+        if LLM_API not in self.world.providers:
+            kinds = [k for k in kinds if k not in LLM_FAULTS]  # nothing talks to llm-api without conversations
+        if {"errors", "slow", *LLM_FAULTS} & set(kinds) and self.world.token is None:
+            self.notes.append("no admin token (CONCIERGE_ADMIN_TOKEN): skipped errors,slow,cut")
+            kinds = [k for k in kinds if k not in ("errors", "slow", *LLM_FAULTS)]
         for note in self.notes:
             self.say(note)
         return kinds
@@ -482,16 +539,26 @@ class Run:
         return "postgres", f"{dropped} connection(s)"
 
     async def _provider(self, kind: str) -> tuple[str, str] | None:
-        free = [p for p in PROVIDERS if p not in self.busy]
+        """``errors``/``slow`` on a provider not faulted now (llm-api too, with conversations); ``cut`` on llm-api."""
+        names = [LLM_API] if kind in LLM_FAULTS else list(self.world.providers)
+        free = [p for p in names if p not in self.busy]
         if not free:
             return None
         provider = self.rng.choice(free)
         seconds = round(self.rng.uniform(*PROVIDER_FAULT_S), 1)
-        body = {"latency_s": SLOW_S if kind == "slow" else 0.0, "error_rate": ERROR_RATE if kind == "errors" else 0.0}
+        body: dict[str, Any]
+        if provider == LLM_API:  # per model, in OpenAI's terms: every model here
+            body, what = self._llm_faults(kind)
+        else:
+            body = {
+                "latency_s": SLOW_S if kind == "slow" else 0.0,
+                "error_rate": ERROR_RATE if kind == "errors" else 0.0,
+                "hang": False,
+            }
+            what = f"{ERROR_RATE:.0%} errors" if kind == "errors" else f"{SLOW_S:g}s slow"
         self.busy.add(provider)
         try:
-            await self._admin_faults(provider, "PUT", {**body, "hang": False})
-            what = f"{ERROR_RATE:.0%} errors" if kind == "errors" else f"{SLOW_S:g}s slow"
+            await self._admin_faults(provider, "PUT", body)
             self.say(f"{provider}: {what} for {seconds:g}s")
             await self._sleep(seconds)
             await self._admin_faults(provider, "DELETE", None)
@@ -500,8 +567,20 @@ class Run:
             self.busy.discard(provider)
         return provider, what
 
+    def _llm_faults(self, kind: str) -> tuple[dict[str, Any], str]:
+        if kind == "cut":
+            tokens = self.rng.randint(*CUT_AFTER_TOKENS)
+            return {"model": None, "cut_after_tokens": tokens}, f"answers cut after {tokens} token(s)"
+        if kind == "slow":
+            return {"model": None, "first_token_latency_s": SLOW_S}, f"{SLOW_S:g}s to the first token"
+        status = self.rng.choice(LLM_ERROR_STATUSES)
+        return {"model": None, "error_rate": ERROR_RATE, "error_status": status}, f"{ERROR_RATE:.0%} errors {status}"
+
     async def _errors(self) -> tuple[str, str] | None:
         return await self._provider("errors")
+
+    async def _cut(self) -> tuple[str, str] | None:
+        return await self._provider("cut")
 
     async def _slow(self) -> tuple[str, str] | None:
         return await self._provider("slow")
@@ -536,7 +615,7 @@ class Run:
         if self.active:
             await asyncio.gather(*self.active, return_exceptions=True)
         if self.world.token is not None:
-            for provider in PROVIDERS:
+            for provider in self.world.providers:
                 with contextlib.suppress(StackError):
                     await self._admin_faults(provider, "DELETE", None)
         if not self.world.local:
@@ -616,7 +695,7 @@ class Run:
             if response.status_code in TRY_AGAIN and not self.stop_load.is_set():
                 # the door is shut for now (overload, a dependency's breaker, a replica stopping): the same key again
                 self.retried[_code(response)] += 1
-                await asyncio.sleep(_retry_after(response))
+                await asyncio.sleep(retry_after(response))
                 continue
             self.refused[_code(response)] += 1
             if response.status_code not in TRY_AGAIN:
@@ -631,7 +710,7 @@ class Run:
                 response = await self._request(urls, "POST", path, "POST /bookings/{id}/cancel")
                 if response.status_code not in TRY_AGAIN:
                     return
-                await asyncio.sleep(_retry_after(response))
+                await asyncio.sleep(retry_after(response))
 
     async def _wait_final(self, booking_id: str, urls: list[str]) -> None:
         outcome = self.bookings[booking_id]
@@ -648,7 +727,7 @@ class Run:
             except httpx.TransportError:
                 return
             if response.status_code != 200:
-                await asyncio.sleep(_retry_after(response) if response.status_code == 503 else 0.25)
+                await asyncio.sleep(retry_after(response) if response.status_code == 503 else 0.25)
                 continue
             view = response.json()
             if view.get("status") in FINAL_BOOKING_STATUSES:
@@ -688,7 +767,20 @@ class Run:
         except CommandError as exc:
             return [f"verify could not run: {exc}"]
         self.say(f"verify: {len(bookings)} booking(s) against both ledgers, {len(found)} disagreement(s)")
+        self.statuses = bookings
         return [f"{d.reference} {d.status}: {d.problem}" for d in found]
+
+    async def _judge_chats(
+        self, chats: list[ChatRecord], approvals: list[ApprovalRecord]
+    ) -> tuple[ChatJudgement, list[str]]:
+        """The conversations against their promises: their chats and approvals as concierge-agent told them, the
+        bookings' statuses (Redis, as verify read them) and payment-api's charges; what could not be read, apart."""
+        try:
+            charges = await ledger_charges()
+        except CommandError as exc:
+            return judge_chats(chats, approvals, self.statuses, []), [f"charges unread: {exc}"]
+        self.say(f"chats: {len(chats)} read, {len(approvals)} approval(s) asked, {len(charges)} charge(s) held to them")
+        return judge_chats(chats, approvals, self.statuses, charges), []
 
 
 FaultFn = Callable[[Run], Awaitable[tuple[str, str] | None]]
@@ -700,14 +792,8 @@ FAULTS: dict[str, FaultFn] = {
     "postgres": Run._postgres,
     "errors": Run._errors,
     "slow": Run._slow,
+    "cut": Run._cut,
 }
-
-
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return min(2.0, max(0.1, float(response.headers.get("Retry-After", "0.5"))))
-    except ValueError:
-        return 0.5
 
 
 def _code(response: httpx.Response) -> str:

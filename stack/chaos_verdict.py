@@ -3,6 +3,8 @@ target misses (``docs/chaos.md``). Pure functions of what the run recorded, so t
 
 A booking is charged to every fault whose window (start to end, plus ``AFTERMATH_S`` for the restart or failover a
 fault sets off) overlaps its life from acceptance to its final state; one that met no fault is charged to ``none``.
+The conversations (``--chats``) are judged by ``judge_chats``: every approval granted made exactly one booking, every
+refusal none, no charge above the approved total, no chat left running.
 """
 
 from __future__ import annotations
@@ -12,17 +14,21 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = [
     "AFTERMATH_S",
     "CONFIRMED_TARGET",
     "P99_SLACK_S",
+    "ApprovalRecord",
     "BookingOutcome",
+    "ChatJudgement",
+    "ChatRecord",
     "FaultRecord",
     "Verdict",
     "broken_promises",
     "iso_epoch",
+    "judge_chats",
     "percentile",
     "refusal_to_failed",
     "render_verdict",
@@ -56,6 +62,70 @@ class BookingOutcome:
     """For a failed booking that a refused charge ended (``refusal_to_failed``): the refusal to the ``failed`` entry."""
     pauses: int = 0
     """``paused`` entries in its journal: how often its run waited out an outage."""
+
+
+@dataclass
+class ApprovalRecord:
+    """One approval a conversation was asked for, and what the server answered to its decision."""
+
+    chat_id: str
+    approval_id: str
+    total_price: float
+    currency: str
+    sent: int = 0
+    """Decisions sent for it (2: the same decision sent again, as a retry); 0: left undecided."""
+    answers: list[bool] = field(default_factory=list)
+    """The server's ``approve`` in each 202 to a decision (a repeat gets the first decision back)."""
+    expired: bool = False
+    """The decision came after ``APPROVAL_TTL_S`` (409 ``approval_expired``), or the sweeper expired it: no consent."""
+    booking_ids: list[str] = field(default_factory=list)
+    """Bookings booking-agent accepted for it, as the chat relayed them (its tool result, its booking journal)."""
+    tool_error: str | None = None
+    """The code of the error its ``book_hotel`` call ended with, when it ended so (e.g. booking-agent's door shut)."""
+
+    @property
+    def granted(self) -> bool:
+        return bool(self.answers) and self.answers[0] and not self.expired
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.answers) and not self.answers[0]
+
+
+@dataclass
+class ChatRecord:
+    """One conversation as it stood after the heal and the settle."""
+
+    chat_id: str
+    turns: int
+    status: str | None
+    """``idle``, ``running``, ``awaiting_approval``; None: the chat could not be read."""
+    pending_approval_id: str | None = None
+    bookings: list[str] = field(default_factory=list)
+    """The chat's own ``bookings`` (``GET /chats/{id}``) and every booking its journal relayed."""
+
+
+class ChatJudgement(TypedDict):
+    """The conversations' lines of the verdict (JSON as it is)."""
+
+    chats: int
+    turns: int
+    approvals: int
+    granted: int
+    refused: int
+    expired: int
+    undecided: int
+    sent_twice: int
+    bookings_made: int
+    made_by_status: dict[str, int]
+    unbooked_by_error: dict[str, int]
+    """Granted approvals with no booking, by the error their ``book_hotel`` call ended with (``none``: no error)."""
+    not_one_to_one: list[str]
+    refused_but_booked: list[str]
+    unexplained_bookings: list[str]
+    answers_disagree: list[str]
+    over_charged: list[str]
+    left_running: list[str]
 
 
 @dataclass(frozen=True)
@@ -101,6 +171,8 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     load: dict[str, float] = field(default_factory=dict)
     """The machine's 1-minute load average at the start and the end, and its cores: the figures' context."""
+    chats: ChatJudgement | None = None
+    """The conversations' judgement (``--chats``); None when there were none."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -174,6 +246,7 @@ def summarize(
     notes: Sequence[str] = (),
     retried: Mapping[str, int] | None = None,
     load: Mapping[str, float] | None = None,
+    chats: ChatJudgement | None = None,
 ) -> Verdict:
     outcomes = list(bookings)
     statuses = Counter(b.status for b in outcomes)
@@ -233,6 +306,93 @@ def summarize(
         error_lines_by_log={name: n for name, n in sorted(error_lines_by_log.items()) if n},
         notes=list(notes),
         load=dict(load or {}),
+        chats=chats,
+    )
+
+
+PRICE_EPSILON = 0.005
+"""Half a cent: a charge is above its approved total only by more than rounding."""
+
+
+def judge_chats(
+    chats: Sequence[ChatRecord],
+    approvals: Sequence[ApprovalRecord],
+    booking_status: Mapping[str, str],
+    charges: Iterable[Mapping[str, Any]],
+) -> ChatJudgement:
+    """The conversations against their promises. A granted approval's booking is *made* when booking-agent accepted
+    one for it (its id relayed into the chat), whatever its end: ``failed`` (a declined card, ``price_changed``) is
+    made and refunded, not missing. ``booking_status`` maps booking id → status (Redis); ``charges`` is payment-api's
+    ledger (``reference`` is the booking id; every entry counts, declined ones too: none may ask above consent)."""
+    approved = {a.approval_id: a for a in approvals}
+    of_booking: dict[str, ApprovalRecord] = {}
+    not_one_to_one: list[str] = []
+    refused_but_booked: list[str] = []
+    answers_disagree: list[str] = []
+    made: Counter[str] = Counter()
+    unbooked: Counter[str] = Counter()
+    for approval in approvals:
+        ids = list(dict.fromkeys(approval.booking_ids))
+        for booking_id in ids:
+            of_booking.setdefault(booking_id, approval)
+        if len(set(approval.answers)) > 1:
+            answers_disagree.append(f"{approval.approval_id}: answered {approval.answers}")
+        if approval.granted:
+            if not ids:
+                unbooked[approval.tool_error or "none"] += 1
+            if len(ids) != 1:
+                why = f" (book_hotel ended {approval.tool_error})" if approval.tool_error and not ids else ""
+                not_one_to_one.append(
+                    f"{approval.approval_id} (chat {approval.chat_id}) granted: {len(ids)} bookings{why}"
+                )
+            for booking_id in ids:
+                made[booking_status.get(booking_id, "unknown")] += 1
+        elif ids:
+            refused_but_booked.append(f"{approval.approval_id} (chat {approval.chat_id}) not granted: {ids}")
+    unexplained = sorted(
+        {
+            f"{booking_id} (chat {chat.chat_id})"
+            for chat in chats
+            for booking_id in chat.bookings
+            if booking_id not in of_booking or not of_booking[booking_id].granted
+        }
+    )
+    over_charged: list[str] = []
+    for charge in charges:
+        consent = of_booking.get(str(charge.get("reference")))
+        if consent is None:
+            continue
+        amount, currency = float(charge.get("amount") or 0), str(charge.get("currency"))
+        if currency != consent.currency or amount > consent.total_price + PRICE_EPSILON:
+            over_charged.append(
+                f"{charge.get('reference')}: charged {amount:.2f} {currency} ({charge.get('status')}) > approved "
+                f"{consent.total_price:.2f} {consent.currency}"
+            )
+    decided = {a.approval_id for a in approvals if a.sent}
+    left_running = [
+        f"{chat.chat_id} {chat.status or 'unreadable'}"
+        for chat in chats
+        if chat.status != "idle"
+        and not (chat.status == "awaiting_approval" and chat.pending_approval_id not in decided)
+    ]
+    return ChatJudgement(
+        chats=len(chats),
+        turns=sum(c.turns for c in chats),
+        approvals=len(approved),
+        granted=sum(a.granted for a in approvals),
+        refused=sum(a.refused for a in approvals),
+        expired=sum(a.expired for a in approvals),
+        undecided=sum(not a.sent for a in approvals),
+        sent_twice=sum(a.sent > 1 for a in approvals),
+        bookings_made=sum(made.values()),
+        made_by_status=dict(made.most_common()),
+        unbooked_by_error=dict(unbooked.most_common()),
+        not_one_to_one=not_one_to_one,
+        refused_but_booked=refused_but_booked,
+        unexplained_bookings=unexplained,
+        answers_disagree=answers_disagree,
+        over_charged=over_charged,
+        left_running=left_running,
     )
 
 
@@ -251,6 +411,21 @@ def broken_promises(verdict: Verdict) -> list[str]:
         broken.append(f"verify: {len(verdict.disagreements)} disagreement(s) with the ledgers")
     if verdict.http_5xx:
         broken.append(f"{sum(verdict.http_5xx.values())} answer(s) 5xx other than 503")
+    chats = verdict.chats
+    if chats is not None:
+        if chats["not_one_to_one"] or chats["unexplained_bookings"]:
+            broken.append(
+                f"approvals granted → bookings made not 1:1 ({len(chats['not_one_to_one'])} approval(s), "
+                f"{len(chats['unexplained_bookings'])} booking(s) without a granted approval)"
+            )
+        if chats["refused_but_booked"]:
+            broken.append(f"{len(chats['refused_but_booked'])} approval(s) not granted yet booked")
+        if chats["answers_disagree"]:
+            broken.append(f"{len(chats['answers_disagree'])} approval(s) answered two different decisions")
+        if chats["over_charged"]:
+            broken.append(f"{len(chats['over_charged'])} charge(s) above an approved total")
+        if chats["left_running"]:
+            broken.append(f"{len(chats['left_running'])} chat(s) left running after the heal")
     return broken
 
 
@@ -309,6 +484,8 @@ def render_verdict(verdict: Verdict) -> str:
         )
     if verdict.refused:
         lines.append(f"  not accepted: {', '.join(f'{why} {n}' for why, n in verdict.refused.items())}")
+    if verdict.chats is not None:
+        lines += _chat_lines(verdict.chats)
     lines += [f"  disagreement: {item}" for item in verdict.disagreements[:10]]
     lines += [f"  5xx: {route} {n}" for route, n in verdict.http_5xx.items()]
     lines += [f"  unfinished: {booking_id}" for booking_id in verdict.unfinished_ids[:10]]
@@ -323,3 +500,30 @@ def render_verdict(verdict: Verdict) -> str:
     misses = target_misses(verdict)
     lines.append(f"targets: {'missed: ' + '; '.join(misses) if misses else 'all met'}")
     return "\n".join(lines)
+
+
+def _chat_lines(chats: ChatJudgement) -> list[str]:
+    made = ", ".join(f"{status} {n}" for status, n in chats["made_by_status"].items())
+    unbooked = ", ".join(f"{code} {n}" for code, n in chats["unbooked_by_error"].items())
+    refused_booked = len(chats["refused_but_booked"])
+    lines = [
+        f"  chats: {chats['chats']} · turns {chats['turns']} · approvals asked {chats['approvals']}: granted "
+        f"{chats['granted']}, refused {chats['refused']}, expired {chats['expired']}, undecided {chats['undecided']}"
+        f" · the same decision sent twice {chats['sent_twice']}",
+        f"  approvals granted → bookings made: {chats['granted']} → {chats['bookings_made']}"
+        f"{f' ({made})' if made else ''} · not 1:1: {len(chats['not_one_to_one'])}"
+        f"{f' (none booked: {unbooked})' if unbooked else ''} · booked without a granted "
+        f"approval: {len(chats['unexplained_bookings'])} · refused → bookings: {chats['refused']} → {refused_booked}",
+        f"  charges above an approved total: {len(chats['over_charged'])} · chats left running after the heal: "
+        f"{len(chats['left_running'])}",
+    ]
+    for label, items in (
+        ("not 1:1", chats["not_one_to_one"]),
+        ("booked without a granted approval", chats["unexplained_bookings"]),
+        ("refused yet booked", chats["refused_but_booked"]),
+        ("answers disagree", chats["answers_disagree"]),
+        ("over charged", chats["over_charged"]),
+        ("left running", chats["left_running"]),
+    ):
+        lines += [f"  {label}: {item}" for item in items[:10]]
+    return lines

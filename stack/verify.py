@@ -27,7 +27,7 @@ from stack.console import Subparsers
 from stack.dlq import EXIT_FAILURE, EXIT_OK, CommandError, redis_command
 from stack.target import admin_token, provider_url
 
-__all__ = ["Disagreement", "check_ledgers", "disagreements", "register_verify"]
+__all__ = ["Disagreement", "check_ledgers", "disagreements", "ledger_charges", "register_verify"]
 
 _SCAN_BATCH = 500
 _HTTP_TIMEOUT_S = 10.0
@@ -124,6 +124,13 @@ async def check_ledgers(
         reservations = await _ledger(http, "hotel-api", hotel_api, "reservations")
         charges = await _ledger(http, "payment-api", payment_api, "charges")
     return bookings, disagreements(bookings, reservations, charges)
+
+
+async def ledger_charges(payment_api: str | None = None) -> list[dict[str, Any]]:
+    """payment-api's every charge (``reference``, ``amount``, ``currency``, ``status``): ``concierge chaos`` holds them
+    against the totals its conversations approved."""
+    async with httpx.AsyncClient(timeout=_HTTP_TIMEOUT_S) as http:
+        return await _ledger(http, "payment-api", payment_api, "charges")
 
 
 async def _verify(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:

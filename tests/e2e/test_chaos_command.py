@@ -1,7 +1,8 @@
 """``concierge chaos`` as an operator runs it: a real ``concierge up`` (its own redis-server, which chaos kills; a
 fresh Postgres database, whose connections chaos drops), the command in a subprocess, its verdict and exit code.
 
-A short run at the defaults but its length must print every fault time-stamped, heal, and keep the promise (exit 0);
+A short run at the defaults but its length, with one conversation (``--chats 1``: approvals granted and refused under
+the same faults, llm-api's among them), must print every fault time-stamped, heal, and keep the promise (exit 0);
 a broken promise planted in the stack's Redis (a booking nobody will ever finish, a confirmed booking no ledger
 knows) must turn the same command into exit 1 naming it.
 """
@@ -107,7 +108,8 @@ def test_a_short_chaos_run_prints_each_fault_heals_and_keeps_the_promise(
     run = concierge(
         stack_env,
         "chaos",
-        *("--duration", "40", "--every", "2-4", "--seed", "11", "--clients", "6", "--json", str(verdict_file)),
+        *("--duration", "40", "--every", "2-4", "--seed", "11", "--clients", "6", "--chats", "1"),
+        *("--json", str(verdict_file)),
         timeout=300,
     )
     out = run.stdout
@@ -122,12 +124,17 @@ def test_a_short_chaos_run_prints_each_fault_heals_and_keeps_the_promise(
     assert verdict["disagreements"] == [] and verdict["http_5xx"] == {} and verdict["broken_promises"] == []
     assert verdict["confirmed"] + sum(verdict["failed"].values()) + verdict["cancelled"] == verdict["accepted"]
     assert verdict["time_to_final_s"]["max"] is not None
+    chats = verdict["chats"]
+    assert chats["chats"] == 1 and chats["turns"] >= 1 and chats["approvals"] >= 1, chats
+    assert chats["bookings_made"] == chats["granted"] and chats["left_running"] == [] and chats["over_charged"] == []
     for line in (
         f"  accepted {verdict['accepted']} · confirmed {verdict['confirmed']}",
         "time to final: p50 ",
         "confirmed of the uncancelled, by fault kind met: ",
         "verify: 0 disagreement(s) · in flight in Redis: 0 · DLQ: ",
         "ERROR lines in the logs: ",
+        f"approvals granted → bookings made: {chats['granted']} → {chats['bookings_made']}",
+        "charges above an approved total: 0 · chats left running after the heal: 0",
         "promise: kept",
     ):
         assert line in out, out
@@ -136,6 +143,8 @@ def test_a_short_chaos_run_prints_each_fault_heals_and_keeps_the_promise(
     assert {i["status"] for i in status["instances"]} == {"up"}, status
     for provider in ("hotel-api", "payment-api"):
         assert concierge(stack_env, "fault", provider).stdout.strip() == f"{provider} faults: none"
+    models = concierge(stack_env, "fault", "llm-api").stdout.strip().removeprefix("llm-api faults:").split(";")
+    assert all(m.strip().endswith(": none") for m in models if m.strip()), models  # "sim-large: none; ..."
 
 
 @pytest.mark.parametrize(

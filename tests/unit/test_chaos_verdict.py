@@ -9,9 +9,12 @@ import pytest
 from infra.settings import get_settings
 from stack.chaos_verdict import (
     AFTERMATH_S,
+    ApprovalRecord,
     BookingOutcome,
+    ChatRecord,
     FaultRecord,
     broken_promises,
+    judge_chats,
     percentile,
     refusal_to_failed,
     render_verdict,
@@ -142,6 +145,8 @@ def test_a_quiet_run_meets_every_target() -> None:
         (["--at-once", "4"], "must be between 1 and 3"),
         (["--duration", "-5"], "must be between 1 and 86400"),
         (["--cancel-rate", "2"], "must be between 0 and 1"),
+        (["--chats", "-1"], "must be between 0 and 16"),
+        (["--chats", "many"], "not a number: 'many'"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(args: list[str], told: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,3 +192,114 @@ def test_refusal_to_failed_counts_only_the_refused_charge_that_ended_the_booking
     assert refusal_to_failed(again) == 0.0
     assert refusal_to_failed([entry("call", 1), entry("failed", 3)]) is None
     assert refusal_to_failed([entry("circuit_rejected", 1)]) is None, "not failed"
+
+
+# ------------------------------------------------------------------------------------------------ the conversations
+
+
+def approval(n: int, answers: list[bool], booked: list[str], *, total: float = 100.0, sent: int = 1) -> ApprovalRecord:
+    return ApprovalRecord("c1", f"a{n}", total, "EUR", sent=sent, answers=answers, booking_ids=booked)
+
+
+def charge(booking_id: str, amount: float, currency: str = "EUR", status: str = "captured") -> dict[str, object]:
+    return {"reference": booking_id, "amount": amount, "currency": currency, "status": status}
+
+
+def test_a_kept_conversation_is_one_booking_per_grant_none_per_refusal() -> None:
+    approvals = [
+        approval(1, [True], ["b1", "b1"], sent=2),  # relayed by its tool result and its journal: one booking
+        approval(2, [True, True], ["b2"], sent=2),
+        approval(3, [False], []),
+        approval(4, [], [], sent=0),  # asked, never decided: the run ended first
+    ]
+    chats = [ChatRecord("c1", 4, "awaiting_approval", "a4", ["b1", "b2"])]
+    statuses = {"b1": "confirmed", "b2": "failed"}  # a declined card, price_changed: made, and refunded
+    judged = judge_chats(chats, approvals, statuses, [charge("b1", 100.0), charge("b2", 99.5, status="refunded")])
+    assert (judged["granted"], judged["refused"], judged["undecided"], judged["sent_twice"]) == (2, 1, 1, 2)
+    assert judged["bookings_made"] == 2 and judged["made_by_status"] == {"confirmed": 1, "failed": 1}
+    verdict = judge([booking(1, "confirmed", 1.0)], chats=judged)
+    assert broken_promises(verdict) == []
+    text = render_verdict(verdict)
+    assert "approvals granted → bookings made: 2 → 2 (confirmed 1, failed 1) · not 1:1: 0" in text
+    assert "refused → bookings: 1 → 0" in text
+    assert "charges above an approved total: 0 · chats left running after the heal: 0" in text
+    assert "promise: kept" in text
+
+
+@pytest.mark.parametrize(
+    ("approvals", "chat", "charges", "told"),
+    [
+        ([approval(1, [True], [])], ChatRecord("c1", 1, "idle"), [], "approvals granted → bookings made not 1:1"),
+        (
+            [approval(1, [True], ["b1", "b2"])],
+            ChatRecord("c1", 1, "idle", bookings=["b1", "b2"]),
+            [],
+            "approvals granted → bookings made not 1:1 (1 approval(s), 0 booking(s) without a granted approval)",
+        ),
+        (
+            [approval(1, [True], ["b1"])],
+            ChatRecord("c1", 1, "idle", bookings=["b1", "b9"]),
+            [],
+            "(0 approval(s), 1 booking(s) without a granted approval)",
+        ),
+        ([approval(1, [False], ["b1"])], ChatRecord("c1", 1, "idle"), [], "1 approval(s) not granted yet booked"),
+        (
+            [ApprovalRecord("c1", "a1", 100.0, "EUR", sent=1, answers=[True], expired=True, booking_ids=["b1"])],
+            ChatRecord("c1", 1, "idle"),
+            [],
+            "1 approval(s) not granted yet booked",
+        ),
+        ([approval(1, [True, False], ["b1"])], ChatRecord("c1", 1, "idle"), [], "answered two different decisions"),
+        (
+            [approval(1, [True], ["b1"])],
+            ChatRecord("c1", 1, "idle"),
+            [charge("b1", 100.01)],
+            "1 charge(s) above an approved total",
+        ),
+        (
+            [approval(1, [True], ["b1"])],
+            ChatRecord("c1", 1, "idle"),
+            [charge("b1", 90.0, currency="USD", status="declined")],
+            "1 charge(s) above an approved total",
+        ),
+        ([approval(1, [True], ["b1"])], ChatRecord("c1", 1, "running"), [], "1 chat(s) left running after the heal"),
+        (
+            [approval(1, [True], ["b1"]), approval(2, [], [])],
+            ChatRecord("c1", 1, "awaiting_approval", "a2"),
+            [],
+            "1 chat(s) left running after the heal",  # a2's decision was sent (sent=1), yet it still waits
+        ),
+        ([approval(1, [True], ["b1"])], ChatRecord("c1", 1, None), [], "1 chat(s) left running after the heal"),
+    ],
+)
+def test_every_broken_conversation_promise_is_named(
+    approvals: list[ApprovalRecord], chat: ChatRecord, charges: list[dict[str, object]], told: str
+) -> None:
+    judged = judge_chats([chat], approvals, {"b1": "confirmed", "b2": "confirmed", "b9": "confirmed"}, charges)
+    verdict = judge([], chats=judged)
+    assert any(told in line for line in broken_promises(verdict)), broken_promises(verdict)
+    assert "promise: BROKEN" in render_verdict(verdict)
+
+
+def test_a_charge_at_the_approved_total_or_of_another_booking_is_not_above_it() -> None:
+    approvals = [approval(1, [True], ["b1"], total=112.0)]
+    charges = [charge("b1", 112.004), charge("b1", 112.0, status="refunded"), charge("other", 5000.0)]
+    judged = judge_chats([ChatRecord("c1", 1, "idle", bookings=["b1"])], approvals, {"b1": "cancelled"}, charges)
+    assert judged["over_charged"] == [] and judged["made_by_status"] == {"cancelled": 1}
+
+
+def test_no_conversations_no_chat_lines() -> None:
+    text = render_verdict(judge([booking(1, "confirmed", 1.0)]))
+    assert "chats:" not in text and "approvals granted" not in text
+
+
+def test_a_grant_booking_agent_never_accepted_is_not_made_and_says_why() -> None:
+    refused_at_the_door = ApprovalRecord(
+        "c1", "a1", 100.0, "EUR", sent=1, answers=[True], tool_error="provider_unavailable"
+    )
+    judged = judge_chats([ChatRecord("c1", 1, "idle")], [refused_at_the_door], {}, [])
+    assert judged["bookings_made"] == 0 and judged["unbooked_by_error"] == {"provider_unavailable": 1}
+    text = render_verdict(judge([], chats=judged))
+    assert "not 1:1: 1 (none booked: provider_unavailable 1)" in text
+    assert "a1 (chat c1) granted: 0 bookings (book_hotel ended provider_unavailable)" in text
+    assert "promise: BROKEN: approvals granted → bookings made not 1:1" in text
