@@ -1,0 +1,300 @@
+"""Who the person is: a bearer JWT from a trusted OIDC issuer, checked as RFC 8725 asks.
+
+Asymmetric algorithms only (``ALGORITHMS``: never ``none`` or HS256, whatever the token's header says), ``iss`` equal
+to the configured issuer, ``aud`` containing the audience, ``exp`` required (``LEEWAY_S`` of clock skew), and the key
+chosen by ``kid`` from the issuer's JWKS: any OIDC provider's ``jwks_uri`` (Keycloak, Auth0, Dex), fetched once and
+fetched again on an unknown ``kid`` at most every ``REFETCH_INTERVAL_S``, or a file. ``sub`` is the person; ``act``
+(RFC 8693) names a service acting for them. ``LocalIssuer`` is a machine's own issuer: a key pair and its JWKS file
+in a directory, for ``concierge up`` and the tests.
+
+::
+
+    PersonAuthError
+     ├── UnauthenticatedError     no bearer token: 401 ``unauthenticated``, ``WWW-Authenticate: Bearer``
+     ├── InvalidPersonTokenError  a token was refused (.reason, never the token): 401, ``error="invalid_token"``
+     └── JwksUnavailableError     the issuer's keys could not be read (their URL or file): 503, try again
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import jwt
+
+__all__ = [
+    "ALGORITHMS",
+    "ANONYMOUS",
+    "LEEWAY_S",
+    "REFETCH_INTERVAL_S",
+    "InvalidPersonTokenError",
+    "JwksSource",
+    "JwksUnavailableError",
+    "LocalIssuer",
+    "Person",
+    "PersonAuthError",
+    "PersonVerifier",
+    "UnauthenticatedError",
+    "www_authenticate",
+]
+
+ALGORITHMS: Final = ("RS256", "ES256", "EdDSA")
+"""The only algorithms a person's token may use: a public key can verify them and cannot mint them."""
+LEEWAY_S: Final = 60
+"""Clock skew tolerated on ``exp`` (and ``nbf``, ``iat``) between the issuer and us."""
+REFETCH_INTERVAL_S: Final = 30.0
+"""An unknown ``kid`` fetches the JWKS again at most this often: a flood of made-up kids costs one fetch each 30 s."""
+JWKS_FETCH_TIMEOUT_S: Final = 5.0
+MAX_JWKS_BYTES: Final = 1_000_000
+ANONYMOUS: Final = "anonymous"
+"""The person every request is with ``CONCIERGE_AUTH=off`` (tests and experiments only)."""
+_REQUIRED_CLAIMS: Final = ["exp", "iss", "aud", "sub"]
+
+
+class PersonAuthError(Exception):
+    """A person's credential is missing, refused, or cannot be checked now."""
+
+
+class UnauthenticatedError(PersonAuthError):
+    """No ``Authorization: Bearer`` token at all."""
+
+
+class InvalidPersonTokenError(PersonAuthError):
+    """A presented token was refused; ``reason`` says why for the log and the answer (never the token itself)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class JwksUnavailableError(PersonAuthError):
+    """The issuer's keys could not be fetched or read: nobody's token can be checked now (503, not 401)."""
+
+
+def www_authenticate(exc: PersonAuthError) -> str:
+    """The ``WWW-Authenticate`` header of a 401 (RFC 6750 section 3): no error code when no token was sent."""
+    if isinstance(exc, InvalidPersonTokenError):
+        return 'Bearer error="invalid_token"'
+    return "Bearer"
+
+
+@dataclass(frozen=True)
+class Person:
+    """Who a request is for: ``sub``, and ``actor`` when a service (RFC 8693 ``act``) acts on their behalf."""
+
+    sub: str
+    actor: str | None = None
+
+
+class JwksSource:
+    """The issuer's public keys by ``kid``, from ``url`` or ``path``: read once, again on an unknown ``kid`` at most
+    every ``REFETCH_INTERVAL_S`` (``clock`` is injectable for tests)."""
+
+    def __init__(
+        self, *, url: str | None = None, path: str | Path | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if (url is None) == (path is None):
+            raise ValueError("a JWKS source is a URL or a file, exactly one")
+        self.url = url
+        self.path = Path(path) if path is not None else None
+        self._clock = clock
+        self._keys: dict[str, jwt.PyJWK] = {}
+        self._fetched_at: float | None = None
+        self._lock = asyncio.Lock()
+        self.fetches = 0
+
+    async def key(self, kid: str) -> jwt.PyJWK:
+        """The key named ``kid`` (``InvalidPersonTokenError`` when the issuer has none by that name)."""
+        found = self._keys.get(kid)
+        if found is not None:
+            return found
+        async with self._lock:
+            found = self._keys.get(kid)
+            due = self._fetched_at is None or self._clock() - self._fetched_at >= REFETCH_INTERVAL_S
+            if found is None and due:
+                self._keys = await self._load()
+                self._fetched_at = self._clock()
+                found = self._keys.get(kid)
+        if found is None:
+            raise InvalidPersonTokenError(f"unknown key id {kid[:64]!r}")
+        return found
+
+    async def _load(self) -> dict[str, jwt.PyJWK]:
+        self.fetches += 1
+        try:
+            raw = await (self._fetch() if self.url is not None else asyncio.to_thread(self._read))
+            document = json.loads(raw)
+            keys = document.get("keys") if isinstance(document, dict) else None
+            if not isinstance(keys, list):
+                raise ValueError("no 'keys' list")
+        except (OSError, ValueError) as exc:
+            raise JwksUnavailableError(f"the issuer's keys could not be read: {exc}") from exc
+        loaded: dict[str, jwt.PyJWK] = {}
+        for entry in keys:
+            if not isinstance(entry, dict) or not isinstance(entry.get("kid"), str) or entry.get("use") == "enc":
+                continue
+            try:
+                loaded[entry["kid"]] = jwt.PyJWK(entry)
+            except jwt.PyJWTError:
+                continue  # a key type or algorithm we do not take: tokens signed with it are refused
+        return loaded
+
+    def _read(self) -> bytes:
+        assert self.path is not None
+        with self.path.open("rb") as file:
+            return file.read(MAX_JWKS_BYTES + 1)[:MAX_JWKS_BYTES]
+
+    async def _fetch(self) -> bytes:
+        import httpx
+
+        assert self.url is not None
+        try:
+            async with httpx.AsyncClient(timeout=JWKS_FETCH_TIMEOUT_S) as client:
+                response = await client.get(self.url, headers={"Accept": "application/json"})
+                response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise OSError(f"GET {self.url}: {exc}") from exc
+        return response.content[:MAX_JWKS_BYTES]
+
+
+class PersonVerifier:
+    """The person a bearer token is for, checked against one issuer, one audience and the issuer's keys."""
+
+    def __init__(self, *, issuer: str, audience: str, jwks: JwksSource) -> None:
+        self.issuer = issuer
+        self.audience = audience
+        self.jwks = jwks
+
+    async def verify(self, token: str | None) -> Person:
+        """The token's person, or ``UnauthenticatedError`` (none), ``InvalidPersonTokenError`` (refused),
+        ``JwksUnavailableError`` (the keys cannot be read now)."""
+        if not token:
+            raise UnauthenticatedError("no bearer token")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise InvalidPersonTokenError("not a JWT") from exc
+        algorithm = header.get("alg")
+        if algorithm not in ALGORITHMS:
+            raise InvalidPersonTokenError(f"algorithm {str(algorithm)[:16]!r} is not one of {', '.join(ALGORITHMS)}")
+        kid = header.get("kid")
+        if not isinstance(kid, str) or not kid:
+            raise InvalidPersonTokenError("no key id (kid)")
+        key = await self.jwks.key(kid)
+        if key.algorithm_name != algorithm:
+            raise InvalidPersonTokenError(f"key {kid[:64]!r} is not a {algorithm} key")
+        try:
+            claims = jwt.decode(
+                token,
+                key.key,
+                algorithms=[algorithm],
+                audience=self.audience,
+                issuer=self.issuer,
+                leeway=LEEWAY_S,
+                options={"require": _REQUIRED_CLAIMS},
+            )
+        except jwt.PyJWTError as exc:
+            raise InvalidPersonTokenError(_reason(exc)) from exc
+        return _person(claims)
+
+
+def _person(claims: Mapping[str, Any]) -> Person:
+    sub = claims.get("sub")
+    if not isinstance(sub, str) or not sub.strip() or len(sub) > 255:
+        raise InvalidPersonTokenError("sub: not a person's id")
+    act = claims.get("act")
+    actor = act.get("sub") if isinstance(act, dict) else None
+    if act is not None and not isinstance(actor, str):
+        raise InvalidPersonTokenError("act: no sub")
+    return Person(sub=sub, actor=actor)
+
+
+def _reason(exc: jwt.PyJWTError) -> str:
+    """One line for the 401's log and body: what was wrong, in the claim's name."""
+    if isinstance(exc, jwt.ExpiredSignatureError):
+        return "exp: expired"
+    if isinstance(exc, jwt.InvalidIssuerError):
+        return "iss: not the trusted issuer"
+    if isinstance(exc, jwt.InvalidAudienceError):
+        return "aud: not for this service"
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        return f"{exc.claim}: missing"
+    if isinstance(exc, jwt.InvalidSignatureError):
+        return "signature: does not verify"
+    if isinstance(exc, jwt.ImmatureSignatureError):
+        return "nbf/iat: not yet valid"
+    return "malformed token"
+
+
+class LocalIssuer:
+    """A machine's own issuer: an ES256 key pair in ``directory`` (the private key 0600) and its JWKS file, made
+    once and reused, so every service started from that directory trusts the tokens ``mint`` makes."""
+
+    KEY_FILE: Final = "issuer-key.pem"
+    JWKS_FILE: Final = "jwks.json"
+
+    def __init__(self, directory: str | Path, issuer: str) -> None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+        self.directory = Path(directory)
+        self.issuer = issuer
+        key_path = self.directory / self.KEY_FILE
+        if not key_path.exists():
+            self._create(key_path)
+        private = load_pem_private_key(key_path.read_bytes(), password=None)
+        if not isinstance(private, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{key_path}: not an EC private key")
+        self._private = private
+        public_jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(private.public_key()))
+        self.kid = str(json.loads((self.directory / self.JWKS_FILE).read_text())["keys"][0]["kid"])
+        self.public_jwk = {**public_jwk, "kid": self.kid, "alg": "ES256", "use": "sig"}
+
+    @property
+    def jwks_path(self) -> Path:
+        return self.directory / self.JWKS_FILE
+
+    def _create(self, key_path: Path) -> None:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        private = ec.generate_private_key(ec.SECP256R1())
+        pem = private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(pem)
+        public = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(private.public_key()))
+        jwks = {"keys": [{**public, "kid": uuid.uuid4().hex[:16], "alg": "ES256", "use": "sig"}]}
+        (self.directory / self.JWKS_FILE).write_text(json.dumps(jwks, indent=2) + "\n")
+
+    def mint(
+        self,
+        sub: str,
+        *,
+        audience: str = "concierge",
+        ttl_s: float = 3600.0,
+        actor: str | None = None,
+        now: float | None = None,
+    ) -> str:
+        """A token for person ``sub`` (``actor``: the service acting for them, as its ``act`` claim)."""
+        issued = int(time.time() if now is None else now)
+        claims: dict[str, Any] = {
+            "iss": self.issuer,
+            "sub": sub,
+            "aud": audience,
+            "iat": issued,
+            "exp": issued + int(ttl_s),
+        }
+        if actor is not None:
+            claims["act"] = {"sub": actor}
+        return jwt.encode(claims, self._private, algorithm="ES256", headers={"kid": self.kid})
