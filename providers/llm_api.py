@@ -17,6 +17,7 @@ call or with words, and counts usage with its own tokenizer (``providers.llm.tok
 from __future__ import annotations
 
 import hmac
+import logging
 import uuid
 from typing import Annotated, Any
 
@@ -30,7 +31,7 @@ from infra.auth import llm_api_key
 from infra.service import get_redis
 from infra.service.openapi import Answer, document
 from providers.base import create_provider_app, send_json
-from providers.llm.exchange import CONTEXT_WINDOWS, PROVIDER, Exchange
+from providers.llm.exchange import CONTEXT_WINDOWS, CUT_IS_NOT_AN_ERROR, PROVIDER, Exchange
 from providers.llm.faults import (
     ERROR_STATUSES,
     FaultsUpdate,
@@ -284,6 +285,7 @@ async def delete_requests(redis: RedisDep) -> RequestLog:
 
 def create_app() -> FastAPI:
     app = create_provider_app(PROVIDER, business, admin, own_faults=True, max_body_bytes=MAX_BODY_BYTES)
+    logging.getLogger("uvicorn.error").addFilter(CUT_IS_NOT_AN_ERROR)
 
     async def openai_answer(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, OpenAIApiError)

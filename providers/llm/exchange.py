@@ -2,8 +2,8 @@
 answer whole or streamed, and what the request log keeps of it (docs/llm-api.md).
 
 A fault that breaks a stream drops the connection without the end of the body (``AnswerStream``), so the client
-sees a broken stream, not a short one; uvicorn logs one line for it ("ASGI callable returned without completing
-response").
+sees a broken stream, not a short one; uvicorn logs one ERROR line for it ("ASGI callable returned without completing
+response"), which ``CUT_IS_NOT_AN_ERROR`` turns into a WARNING saying it was on purpose (an ERROR line is a defect).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, Final
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -54,7 +55,7 @@ from providers.llm.wire import (
     text_of,
 )
 
-__all__ = ["CONTEXT_WINDOWS", "PROVIDER", "AnswerStream", "CutStream", "Exchange"]
+__all__ = ["CONTEXT_WINDOWS", "CUT_IS_NOT_AN_ERROR", "PROVIDER", "AnswerStream", "CutStream", "Exchange"]
 
 PROVIDER = "llm-api"
 CONTEXT_WINDOWS = {PRIMARY_MODEL: 32_768, FALLBACK_MODEL: 16_384}
@@ -68,6 +69,22 @@ SSE_HEADERS = (
 
 class CutStream(Exception):
     """Raised by an answer's parts to drop the connection where it stands."""
+
+
+class _CutIsNotAnError(logging.Filter):
+    """uvicorn's ERROR for a response its app left unfinished is, in llm-api, a fault doing its job: a WARNING."""
+
+    MESSAGE: Final = "ASGI callable returned without completing response"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.getMessage().startswith(self.MESSAGE):
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+            record.msg, record.args = f"{self.MESSAGE}: a stream cut on purpose (the cut fault)", ()
+        return True
+
+
+CUT_IS_NOT_AN_ERROR: Final = _CutIsNotAnError()
+"""Added to uvicorn's ``uvicorn.error`` logger by llm-api's app (``addFilter`` keeps one however often)."""
 
 
 class AnswerStream(Response):

@@ -67,6 +67,10 @@ def test_a_cut_stream_is_discarded_and_the_chat_shows_one_answer_from_the_fallba
     assert streamed == answers[0]["content"]
     assert [e["kind"] for e in journal].count("assistant_message") == 1
     assert {e["model"] for e in llm_log(sim) if e["outcome"] == "cut"} == {PRIMARY_MODEL}
+    # a cut on purpose is a WARNING in llm-api's log, not the ERROR uvicorn writes for an unfinished response
+    log = sim.services["llm-api"].log_text()
+    assert "a stream cut on purpose" in log
+    assert "ERROR" not in log, sim.services["llm-api"].log_tail()
 
 
 def test_both_models_down_fails_the_turn_with_model_unavailable_and_books_nothing(sim: Stack) -> None:
