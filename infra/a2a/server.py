@@ -62,7 +62,15 @@ from starlette.routing import Route
 
 from domain.booking import ErrorCode
 from infra.a2a.errors import SkillFailure, SkillInputRequired
-from infra.a2a.wire import A2A_PATH, AGENT_CARD_PATH, RESULT_ARTIFACT, data_part, error_payload, first_data
+from infra.a2a.wire import (
+    A2A_PATH,
+    AGENT_CARD_PATH,
+    RESULT_ARTIFACT,
+    data_part,
+    error_payload,
+    first_data,
+    without_secrets,
+)
 from infra.auth import InvalidServiceTokenError, MissingSecretError, ServiceClaims, TokenVerifier, service_secret
 from infra.error_table import answer_for, answer_response, error_body
 from infra.settings import get_settings
@@ -140,7 +148,8 @@ class Skill:
 
 
 class _RecentTaskStore(TaskStore):
-    """The SDK's ``InMemoryTaskStore``, forgetting the oldest tasks beyond ``capacity``."""
+    """The SDK's ``InMemoryTaskStore``, forgetting the oldest tasks beyond ``capacity``, and keeping no secret a
+    request carried (``without_secrets``: a card's token is used, never stored in a task's history)."""
 
     def __init__(self, capacity: int = _TASKS_KEPT) -> None:
         self._inner = InMemoryTaskStore()
@@ -148,7 +157,7 @@ class _RecentTaskStore(TaskStore):
         self._order: OrderedDict[tuple[str, str], ServerCallContext] = OrderedDict()
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        await self._inner.save(task, context)
+        await self._inner.save(without_secrets(task), context)
         entry = (resolve_user_scope(context), task.id)
         if entry in self._order:
             return

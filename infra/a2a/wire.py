@@ -7,14 +7,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
-from a2a.types.a2a_pb2 import (
-    Part,
-)
+from a2a.types.a2a_pb2 import Part, Task
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
+
+SECRET_FIELDS: Final = frozenset({"payment_token"})
+"""Request fields that are used, never kept: a task's history holds ``REDACTED`` in their place (``without_secrets``)."""
+REDACTED: Final = "[redacted]"
 
 A2A_PATH = "/a2a"
 AGENT_CARD_PATH = AGENT_CARD_WELL_KNOWN_PATH
@@ -24,6 +26,30 @@ _MAX_EXACT_INT = 2**53
 
 def data_part(payload: dict[str, Any]) -> Part:
     return Part(data=ParseDict(payload, struct_pb2.Value()))
+
+
+def without_secrets(task: Task) -> Task:
+    """A copy of ``task`` whose history's data parts hold ``REDACTED`` for every ``SECRET_FIELDS`` entry, at any
+    depth: what a task store may keep and a ``GetTask`` may show."""
+    clean = Task()
+    clean.CopyFrom(task)
+    for message in clean.history:
+        for part in message.parts:
+            if part.HasField("data"):
+                _redact(part.data)
+    return clean
+
+
+def _redact(value: struct_pb2.Value) -> None:
+    if value.HasField("struct_value"):
+        for name, inner in value.struct_value.fields.items():
+            if name in SECRET_FIELDS:
+                inner.string_value = REDACTED
+            else:
+                _redact(inner)
+    elif value.HasField("list_value"):
+        for inner in value.list_value.values:
+            _redact(inner)
 
 
 def _restore_ints(value: Any) -> Any:

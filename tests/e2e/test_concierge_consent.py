@@ -281,3 +281,9 @@ def test_instructions_planted_in_hotel_names_reach_the_model_capped_clean_and_in
 def test_verify_is_clean_after_the_attacks(stack: Stack) -> None:
     audit = verify(stack)
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_no_card_token_is_in_any_log_line(stack: Stack) -> None:
+    """The tests above gave ``tok_visa`` with messages and approvals: it was used, and written nowhere."""
+    for name, proc in stack.services.items():
+        assert "tok_visa" not in proc.log_text(), f"{name}'s log holds a payment token"

@@ -492,6 +492,25 @@ async def rpc(agent_url: str, method: str, params: dict[str, Any]) -> dict[str, 
     return dict(response.json())
 
 
+async def test_a_task_history_keeps_no_payment_token_though_the_skill_got_it(agent_url: str) -> None:
+    secret = {"n": 1, "payment_token": "tok_secret_1", "nested": [{"payment_token": "tok_secret_2"}]}
+    sent = (await rpc(agent_url, "SendMessage", rpc_body("echo", secret)["params"]))["result"]["task"]
+    assert sent["artifacts"][0]["parts"][0]["data"]["input"] == secret  # the skill ran with it
+    kept = (await rpc(agent_url, "GetTask", {"id": sent["id"]}))["result"]
+    assert kept["history"][0]["parts"][0]["data"]["input"] == {
+        "n": 1,
+        "payment_token": "[redacted]",
+        "nested": [{"payment_token": "[redacted]"}],
+    }
+    # a reply to a task waiting for input is kept the same way
+    task = (await rpc(agent_url, "SendMessage", {"message": text_message("book")}))["result"]["task"]
+    reply = {**rpc_body("echo", {"payment_token": "tok_secret_3"})["params"]["message"], "taskId": task["id"]}
+    reply["messageId"] = "m-token"
+    await rpc(agent_url, "SendMessage", {"message": reply})
+    history = (await rpc(agent_url, "GetTask", {"id": task["id"]}))["result"]["history"]
+    assert "tok_secret" not in str(history) and "[redacted]" in str(history)
+
+
 async def test_a_blocking_send_answers_with_a_terminal_task_that_get_task_finds(agent_url: str, probe: Probe) -> None:
     sent = (await rpc(agent_url, "SendMessage", rpc_body("echo", {"n": 1})["params"]))["result"]["task"]
     assert sent["status"]["state"] == "TASK_STATE_COMPLETED"
