@@ -32,6 +32,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final
 
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
+from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import ServerSentEvent
@@ -46,7 +47,15 @@ from domain.chat import (
     TurnOutcome,
     check_text,
 )
-from graph.concierge import CONCIERGE_GRAPH, ConciergeDeps, build_concierge_graph, open_concierge_deps, turn_input
+from graph.concierge import (
+    CONCIERGE_GRAPH,
+    TOOLS,
+    ConciergeDeps,
+    build_concierge_graph,
+    open_concierge_deps,
+    turn_input,
+)
+from graph.concierge.prompts import system_prompt
 from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
@@ -54,6 +63,7 @@ from infra.chats import FeedHub
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.error_table import is_outage
 from infra.journal import name_instance
+from infra.llm import ChatModel
 from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import answers, detail, document_service_token, error, validation_error
 from infra.settings import get_settings
@@ -388,6 +398,16 @@ def _chat_view(chat: dict[str, Any], record: RunRecord | None) -> dict[str, Any]
 # ------------------------------------------------------------------------------------------------- app
 
 
+def _start_warm_up(deps: ConciergeDeps) -> asyncio.Task[bool] | None:
+    """A local model warmed up in the background (LLM_WARMUP): the concierge's real prefix (system prompt and tools,
+    what every turn starts with) so the server loads the model and caches it before the first person waits."""
+    model = deps.model
+    if not isinstance(model, ChatModel) or not get_settings().llm_warm_up:
+        return None
+    messages = [SystemMessage(content=system_prompt()), HumanMessage(content="Hello")]
+    return asyncio.create_task(model.warm_up(messages, TOOLS), name="model-warm-up")
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
@@ -407,10 +427,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.stopping.add(service.hub.wake)  # open streams end at once, with ``shutting_down``
         interval = settings.approval_sweep_interval_s
         sweeper = asyncio.create_task(service.sweep(interval), name="approval-sweeper")
+        warm_up = _start_warm_up(deps)
         try:
             yield
         finally:
             try:
+                if warm_up is not None:
+                    await stop_task(warm_up, within=1.0, what="the model warm-up")
                 # no new turn from a sweep while the turns in hand are handed back
                 within = min(interval, DRAIN_S) + 1.0
                 await stop_task(sweeper, stop=service.stopping, within=within, what="the approval sweeper")

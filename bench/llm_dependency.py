@@ -89,6 +89,7 @@ class Sim:
     def settings(self, **env: Any) -> Settings:
         values: dict[str, Any] = {
             "LLM_BASE_URL": f"{self.url}/v1",
+            "LLM_API_URL": self.url,  # the simulator: today's limits, not a local model's (Settings.llm_limits)
             "LLM_API_KEY": KEY,
             "REDIS_URL": self.redis_url,
             "CONCIERGE_KEY_PREFIX": f"{self.prefix}-{uuid.uuid4().hex[:6]}",

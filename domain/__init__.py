@@ -1,5 +1,6 @@
 """The vocabulary every floor speaks: a booking's (``domain.booking``: stay rules, statuses, error codes, journal
-kinds) and the model's (``domain.llm``: the simulated model names, the concierge's tool names)."""
+kinds), a city's (``domain.cities``: one canonical name for "Lisboa", "LISBON" and "lisbon ") and the model's
+(``domain.llm``: the simulated model names, the concierge's tool names)."""
 
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
@@ -24,6 +25,7 @@ from domain.booking import (
     rooms_for,
     validate_stay,
 )
+from domain.cities import CITY_ALIASES, canonical_city, city_key
 from domain.llm import (
     BOOK_HOTEL,
     CANCEL_BOOKING,
@@ -38,6 +40,7 @@ from domain.llm import (
 __all__ = [
     "BOOK_HOTEL",
     "CANCEL_BOOKING",
+    "CITY_ALIASES",
     "FALLBACK_MODEL",
     "FINAL_BOOKING_STATUSES",
     "FINAL_JOURNAL_KINDS",
@@ -58,9 +61,11 @@ __all__ = [
     "ErrorCode",
     "InvalidStayError",
     "JournalKind",
+    "canonical_city",
     "check_checkin",
     "check_guests",
     "check_nights",
+    "city_key",
     "nights_between",
     "parse_iso_date",
     "rooms_for",

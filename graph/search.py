@@ -5,6 +5,7 @@
     START → validate → query_hotels → END
 
 ``validate`` refuses a malformed stay before any I/O (``domain.booking.validate_stay``: ``InvalidStayError``). ``query_hotels`` is the only I/O: hotel-api ``GET /hotels``
+for the canonical city (``domain.cities.canonical_city``: "Lisboa" asks for Lisbon)
 through ``policy_for("hotel_api")`` (breaker → retry, each attempt bounded by the caller's budget), then ranks the
 offers in the same step (``rank_offers``, pure): every super-step costs LangGraph bookkeeping on the request path,
 and ranking needs nothing a separate step would add. No side effects, so no checkpointer and no idempotency.
@@ -19,6 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from domain.booking import InvalidStayError, validate_stay
+from domain.cities import canonical_city
 from graph.tracing import traced_node
 from infra.clients.providers import HotelApiClient
 from resilience import policy_for
@@ -62,7 +64,7 @@ def build_search_graph(hotels: HotelApiClient) -> CompiledStateGraph[SearchState
     async def query_hotels(state: SearchState, config: RunnableConfig) -> dict[str, Any]:
         offers = await policy.call(
             hotels.search,
-            city=state["city"],
+            city=canonical_city(state["city"]),  # "Lisboa", "LISBON", "lisbon " → "Lisbon"
             checkin=state["checkin"],
             checkout=state["checkout"],
             guests=state["guests"],

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ANY_HOST", "AllowedHosts", "host_name", "parse_allowed_hosts"]
+__all__ = ["ANY_HOST", "AllowedHosts", "host_name", "is_local_host", "parse_allowed_hosts"]
 
 ANY_HOST = "*"
 """The ``CONCIERGE_ALLOWED_HOSTS`` entry that turns the guard off (behind a proxy that checks ``Host`` itself)."""
@@ -55,6 +55,20 @@ def host_name(header: str) -> str | None:
     if port is not None and not _PORT.fullmatch(port):
         return None
     return _ip(host) or _name(host)
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` (a name or an IP literal, brackets optional) is this machine or its network: ``localhost``
+    (and names under ``.localhost``), a loopback or a private address. Names are not resolved: a name that is
+    not ``localhost`` is not local here."""
+    name = host.strip().lower().removesuffix(".").removeprefix("[").removesuffix("]")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,26 @@ a request never changes them; tests change the environment and call ``get_settin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from domain.llm import PRIMARY_MODEL
-from infra.hosts import parse_allowed_hosts
+from infra.hosts import is_local_host, parse_allowed_hosts
 from infra.redis_url import parse_redis_url
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """How long one call to a model endpoint may wait for its first token, and take whole."""
+
+    first_token_s: float
+    call_s: float
 
 
 class Settings(BaseSettings):
@@ -153,13 +163,43 @@ class Settings(BaseSettings):
     )
     llm_model: str = Field(PRIMARY_MODEL, validation_alias="LLM_MODEL", min_length=1)
     llm_timeout_s: float = Field(
-        60.0, validation_alias="LLM_TIMEOUT_S", gt=0, description="The longest one model call may take, whole."
+        60.0,
+        validation_alias="LLM_TIMEOUT_S",
+        gt=0,
+        description="The longest one model call may take, whole; set, it applies to every endpoint, local or not.",
     )
     llm_first_token_timeout_s: float = Field(
         15.0,
         validation_alias="LLM_FIRST_TOKEN_TIMEOUT_S",
         gt=0,
-        description="The longest a model call may wait for its first token (a hung or queued model fails over sooner).",
+        description="The longest a model call may wait for its first token (a hung or queued model fails over sooner); "
+        "set, it applies to every endpoint, local or not.",
+    )
+    llm_endpoint_kind: Literal["auto", "local", "remote"] = Field(
+        "auto",
+        validation_alias="LLM_ENDPOINT_KIND",
+        description="Whether a model endpoint is a local one (a CPU model: the LLM_LOCAL_* limits, a warm-up at "
+        "start) or a hosted one: auto decides per endpoint by its address (loopback, private or localhost, and not "
+        "the simulated llm-api at LLM_API_URL: local); local or remote decide for every endpoint.",
+    )
+    llm_local_timeout_s: float = Field(
+        300.0,
+        validation_alias="LLM_LOCAL_TIMEOUT_S",
+        gt=0,
+        description="LLM_TIMEOUT_S's default for a local endpoint (a CPU model writes a few tokens a second).",
+    )
+    llm_local_first_token_timeout_s: float = Field(
+        60.0,
+        validation_alias="LLM_LOCAL_FIRST_TOKEN_TIMEOUT_S",
+        gt=0,
+        description="LLM_FIRST_TOKEN_TIMEOUT_S's default for a local endpoint: a cold CPU model reads the concierge's "
+        "prompt for 10-12 s before its first token.",
+    )
+    llm_warmup: Literal["auto", "on", "off"] = Field(
+        "auto",
+        validation_alias="LLM_WARMUP",
+        description="concierge-agent sends the model one small request at start, in the background (it loads the "
+        "model and caches the system prompt): auto when LLM_BASE_URL's endpoint is local (LLM_ENDPOINT_KIND).",
     )
     llm_max_calls_per_turn: int = Field(8, validation_alias="LLM_MAX_CALLS_PER_TURN", ge=1)
     llm_fallback_model: str | None = Field(
@@ -253,6 +293,44 @@ class Settings(BaseSettings):
         description="After Redis restarts or fails over (every connection drops at once), nobody is declared dead "
         "for this long: every process reconnects and renews first.",
     )
+
+    @property
+    def llm_primary_base_url(self) -> str:
+        """The primary model's base URL: LLM_BASE_URL, or the simulated llm-api's (LLM_API_URL + /v1)."""
+        return self.llm_base_url or f"{self.llm_api_url.rstrip('/')}/v1"
+
+    def llm_endpoint_is_local(self, base_url: str) -> bool:
+        """Whether ``base_url`` is a local model (LLM_ENDPOINT_KIND): with auto, a loopback or private address (or
+        localhost) that is not the simulated llm-api, which answers at once and keeps the hosted limits."""
+        if self.llm_endpoint_kind != "auto":
+            return self.llm_endpoint_kind == "local"
+        endpoint, simulator = urlsplit(base_url), urlsplit(self.llm_api_url)
+        try:
+            if (endpoint.hostname, endpoint.port) == (simulator.hostname, simulator.port):
+                return False
+        except ValueError:  # a malformed port: the call will say so; its limits stay the hosted ones
+            return False
+        return is_local_host(endpoint.hostname or "")
+
+    def llm_limits(self, base_url: str) -> ModelLimits:
+        """The endpoint's limits: LLM_FIRST_TOKEN_TIMEOUT_S and LLM_TIMEOUT_S when set (they always win), else
+        the LLM_LOCAL_* ones for a local endpoint, else their defaults."""
+        local = self.llm_endpoint_is_local(base_url)
+        explicit = self.model_fields_set
+        first_token = (
+            self.llm_local_first_token_timeout_s
+            if local and "llm_first_token_timeout_s" not in explicit
+            else self.llm_first_token_timeout_s
+        )
+        call = self.llm_local_timeout_s if local and "llm_timeout_s" not in explicit else self.llm_timeout_s
+        return ModelLimits(first_token, call)
+
+    @property
+    def llm_warm_up(self) -> bool:
+        """Whether concierge-agent warms the primary model up at start (LLM_WARMUP)."""
+        if self.llm_warmup == "auto":
+            return self.llm_endpoint_is_local(self.llm_primary_base_url)
+        return self.llm_warmup == "on"
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from domain.cities import canonical_city, city_key
+
 __all__ = ["CITIES", "CURRENCY", "HOTELS", "Hotel", "find_hotel", "hotels_in"]
 
 CURRENCY = "EUR"
@@ -93,7 +95,7 @@ def _generate() -> dict[str, Hotel]:
 
 HOTELS: Mapping[str, Hotel] = MappingProxyType(_generate())
 _BY_CITY: Mapping[str, tuple[Hotel, ...]] = MappingProxyType(
-    {city.lower(): tuple(h for h in HOTELS.values() if h.city == city) for city in CITIES}
+    {city_key(city): tuple(h for h in HOTELS.values() if h.city == city) for city in CITIES}
 )
 
 
@@ -102,5 +104,6 @@ def find_hotel(hotel_id: str) -> Hotel | None:
 
 
 def hotels_in(city: str) -> tuple[Hotel, ...]:
-    """The city's hotels (case and surrounding spaces ignored); none for a city we do not know."""
-    return _BY_CITY.get(city.strip().lower(), ())
+    """The city's hotels, matched as a hotel site would (``domain.cities``: case, accents, spaces and local names
+    ignored: "Lisboa" is Lisbon); none for a city we do not know."""
+    return _BY_CITY.get(city_key(canonical_city(city)), ())

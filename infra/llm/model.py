@@ -15,7 +15,9 @@ One ``respond`` is one model step of a turn::
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI
 
 __all__ = ["Budget", "ChatModel", "ModelEvents", "ModelReply", "Usage", "estimate_tokens"]
+
+logger = logging.getLogger(__name__)
 
 MIN_CALL_S = 0.2
 """Below this much budget a model call (or a fallback) is not started: it could not stream an answer."""
@@ -170,7 +174,8 @@ class _Endpoint:
         self.model = model
         self.base_url = base_url
         self._api_key = api_key
-        self._timeout_s = settings.llm_timeout_s
+        self.limits = settings.llm_limits(base_url)
+        """Its first-token and call limits: a local CPU model's are longer (``Settings.llm_limits``)."""
         self._chat: ChatOpenAI | None = None
         self._bound: dict[str, Runnable[Any, Any]] = {}
         self._last: tuple[Sequence[dict[str, Any]], Runnable[Any, Any]] | None = None
@@ -191,7 +196,7 @@ class _Endpoint:
                 base_url=self.base_url,
                 api_key=SecretStr(self._api_key),
                 max_retries=0,  # the policy's retry loop is the only one
-                timeout=httpx.Timeout(self._timeout_s, connect=min(5.0, self._timeout_s)),
+                timeout=httpx.Timeout(self.limits.call_s, connect=min(5.0, self.limits.call_s)),
                 stream_usage=True,
                 include_response_headers=True,
             )
@@ -251,7 +256,7 @@ class ChatModel:
     def __init__(self, settings: Settings, redis: Redis | None = None) -> None:
         self.settings = settings
         key = llm_api_key(settings) or "unset"
-        base = settings.llm_base_url or f"{settings.llm_api_url.rstrip('/')}/v1"
+        base = settings.llm_primary_base_url
         self.primary = _Endpoint("primary", settings.llm_model, base, key, settings)
         self.fallback: _Endpoint | None = None
         if settings.llm_fallback_model:
@@ -296,6 +301,31 @@ class ChatModel:
                 client = endpoint.chat.root_async_client
                 if client is not None:
                     await client.close()
+
+    async def warm_up(self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]) -> bool:
+        """One small request to the primary, outside the turn's layers (no breaker, budget or limiter to charge), so
+        a cold local server loads the model and caches the prompt's prefix before a person waits on it. True when
+        it answered; a failure is logged once and never raised (a cancellation is)."""
+        endpoint = self.primary
+        try:
+            # the import (a second on 2 cores) off the loop: the service answers while it warms up
+            await asyncio.to_thread(importlib.import_module, "langchain_openai")
+            async with asyncio.timeout(endpoint.limits.call_s):
+                async for _chunk in endpoint.bound(tools).astream(list(messages), max_tokens=1):
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = classify(exc, endpoint.model) if not isinstance(exc, TimeoutError) else None
+            logger.warning(
+                "model warm-up of %s at %s failed (the first turn pays the cold start): %s",
+                endpoint.model,
+                endpoint.base_url,
+                error or f"{type(exc).__name__}: {exc}",
+            )
+            return False
+        logger.info("model warm-up of %s at %s answered", endpoint.model, endpoint.base_url)
+        return True
 
     # ------------------------------------------------------------------------------------------------ respond
 
@@ -434,7 +464,6 @@ class ChatModel:
         max_tokens: int | None,
     ) -> tuple[AIMessage, Usage]:
         """One request, streamed: the limits, the rate limiter, the tokens to ``events``, errors classified."""
-        settings = self.settings
         if self.limiter is not None:
             await self.limiter.acquire(endpoint.model, estimate + (max_tokens or 0), endpoint.typical_s)
         turn.attempt += 1
@@ -443,8 +472,8 @@ class ChatModel:
         left = remaining_budget()
         loop = asyncio.get_running_loop()
         begun = loop.time()
-        call_deadline = begun + min(settings.llm_timeout_s, left)
-        first_deadline = min(begun + settings.llm_first_token_timeout_s, call_deadline)
+        call_deadline = begun + min(endpoint.limits.call_s, left)
+        first_deadline = min(begun + endpoint.limits.first_token_s, call_deadline)
         kwargs: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
         full: AIMessageChunk | None = None
         first_token_at: float | None = None

@@ -240,6 +240,28 @@ def test_search_agent_serves_hotels_for_people(stack: Stack) -> None:
     assert bad.status_code == 422
 
 
+def test_search_agent_matches_a_city_as_a_hotel_site_would(stack: Stack) -> None:
+    """A small model asked for "Lisboa": the same offers as "Lisbon", however it is written."""
+    checkin, checkout = stay(days_ahead=70)
+
+    def offers(city: str) -> list[dict[str, Any]]:
+        params = {"city": city, "checkin": checkin, "checkout": checkout, "guests": 2}
+        response = stack.http.get(f"{stack.url('search-agent')}/hotels", params=params)
+        assert response.status_code == 200, response.text
+        return list(response.json()["offers"])
+
+    lisbon = offers("Lisbon")
+    assert lisbon and all(o["city"] == "Lisbon" for o in lisbon)
+    for city in ("Lisboa", "LISBON", "lisbon "):
+        assert offers(city) == lisbon, city
+
+
+def test_a_booking_in_lisboa_books_in_lisbon(stack: Stack) -> None:
+    booking = stack.wait(stack.book(city="lisboa")["booking_id"])
+    assert booking["status"] == "confirmed", booking["error"]
+    assert booking["hotel_id"].startswith("lisbon-")
+
+
 def test_one_trace_follows_a_booking_across_every_process(stack: Stack) -> None:
     booking = stack.wait(stack.book(city="Madrid")["booking_id"])
     assert booking["status"] == "confirmed"

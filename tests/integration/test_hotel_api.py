@@ -86,6 +86,17 @@ async def test_search_lists_the_citys_hotels_cheapest_first(api: httpx.AsyncClie
     assert first["available_rooms"] == HOTELS[first["hotel_id"]].rooms
 
 
+@pytest.mark.parametrize("city", ["Lisboa", "LISBON", "lisbon ", "lisboa", "Lisbonne"])
+async def test_search_matches_a_city_as_a_hotel_site_would(api: httpx.AsyncClient, city: str) -> None:
+    answers = []
+    for asked in ("Lisbon", city):
+        params = {"city": asked, "checkin": CHECKIN, "checkout": CHECKOUT, "guests": 2}
+        response = await api.get("/hotels", params=params)
+        assert response.status_code == 200, response.text
+        answers.append(response.json()["offers"])
+    assert answers[0] and answers[1] == answers[0]
+
+
 async def test_unknown_city_has_no_offers(api: httpx.AsyncClient) -> None:
     params = {"city": "Atlantis", "checkin": CHECKIN, "checkout": CHECKOUT, "guests": 1}
     response = await api.get("/hotels", params=params)

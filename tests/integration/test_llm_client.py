@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -39,7 +40,7 @@ from infra.telemetry import configure_telemetry
 from resilience import OverloadedError, budget_scope, bulkhead_registry, circuit_registry
 from tests.conftest import TEST_ADMIN_TOKEN, TEST_SERVICE_SECRET
 from tests.llm import TOOLS, offers
-from tests.procs import Processes, ServiceProcess
+from tests.procs import Processes, ServiceProcess, free_port
 
 KEY = "sk-test-llm-client-0123456789"
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
@@ -525,3 +526,36 @@ async def test_each_request_is_a_genai_span_and_counted_in_the_genai_metrics(sim
         "concierge_llm_retries_total", {"model": PRIMARY_MODEL, "reason": "model_unavailable"}
     )
     assert retries is not None and retries >= 1
+
+
+# ------------------------------------------------------------------------------------------------ warm-up
+
+
+async def test_a_warm_up_is_one_small_request_with_the_prompt_and_the_tools(make: Any, sim: Sim) -> None:
+    model = make()
+    assert await model.warm_up(SEARCH, TOOL_SCHEMAS) is True
+    [request] = sim.log()
+    assert request["messages"] == len(SEARCH)
+    assert request["tools"] == [t["function"]["name"] for t in TOOL_SCHEMAS]
+    assert request["stream"] is True
+
+
+async def test_a_failed_warm_up_is_logged_once_never_raised(make: Any, caplog: pytest.LogCaptureFixture) -> None:
+    model = make(LLM_BASE_URL=f"http://127.0.0.1:{free_port()}/v1")  # nobody listens there
+    with caplog.at_level(logging.INFO, logger="infra.llm.model"):
+        assert await model.warm_up(SEARCH, TOOL_SCHEMAS) is False
+    warnings = [r for r in caplog.records if "warm-up" in r.getMessage()]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+
+
+async def test_a_warm_up_is_cancelled_cleanly(make: Any, sim: Sim) -> None:
+    sim.fault(hang=True)  # the model never answers: the warm-up waits until the service shuts down
+    model = make()
+    task = asyncio.create_task(model.warm_up(SEARCH, TOOL_SCHEMAS))
+    for _ in range(1200):  # until its client is built (the request is on its way), or the task ended: 60 s at most
+        if model.primary._chat is not None or task.done():
+            break
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
