@@ -311,8 +311,11 @@ class ErrorCode(StrEnum):
     """A chat waits for the person's approval of a booking: decide it before the next message."""
     APPROVAL_EXPIRED = "approval_expired"
     """The approval is older than ``APPROVAL_TTL_S``: nothing was booked."""
+    NOT_OFFERED = "not_offered"
+    """A concierge ``book_hotel`` named a hotel that search does not offer for the stay: its error lists the offers."""
     MODEL_CALLS_EXHAUSTED = "model_calls_exhausted"
-    """A turn asked the model ``LLM_MAX_CALLS_PER_TURN`` times without an answer: it ends ``failed``."""
+    """A turn asked the model ``LLM_MAX_CALLS_PER_TURN`` times without an answer: it ends ``failed`` (only a turn
+    checkpointed before the last allowed call answered in words; since then that call ends the turn ``answered``)."""
     MODEL_UNAVAILABLE = "model_unavailable"
     """The language model (and its fallback) failed, timed out or broke off; nothing it said was used."""
     MODEL_RATE_LIMITED = "model_rate_limited"
@@ -360,6 +363,7 @@ _HTTP_STATUS: Final = {
     ErrorCode.TURN_IN_PROGRESS: 409,
     ErrorCode.APPROVAL_PENDING: 409,
     ErrorCode.APPROVAL_EXPIRED: 409,
+    ErrorCode.NOT_OFFERED: 409,
     ErrorCode.MODEL_CALLS_EXHAUSTED: 502,
     ErrorCode.MODEL_UNAVAILABLE: 503,
     ErrorCode.MODEL_RATE_LIMITED: 429,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from domain.booking import ErrorCode, JournalKind
 
@@ -100,6 +100,11 @@ class InvalidToolCallError(ValueError):
     is this message, sent back to the model as the tool's error (``code``: its ``ErrorCode``)."""
 
     code: str = ErrorCode.INVALID_REQUEST
+
+    def __init__(self, message: str, **details: Any) -> None:
+        """``details``: data the error's JSON carries beside its message (a model reads data better than prose)."""
+        super().__init__(message)
+        self.details = details
 
 
 # ------------------------------------------------------------------------------------------------- errors

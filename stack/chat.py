@@ -345,7 +345,8 @@ class Printer:
             self.line(f"  → {entry.get('name')}({shown})")
         elif kind == "tool_result":
             name = entry.get("name") or self.tools.get(str(entry.get("tool_call_id")), "tool")
-            self.line(f"  ← {name}: {_result_summary(entry)}")
+            again = " (a repeat: the earlier result, not run again)" if entry.get("repeated") else ""
+            self.line(f"  ← {name}: {_result_summary(entry)}{again}")
         elif kind == "approval_decided":
             self.line(f"  approval {entry.get('approval_id')}: {'approved' if entry.get('approve') else 'refused'}")
         elif kind == "booking":

@@ -7,12 +7,13 @@ Laid out as LangGraph's agent template: ``state``, ``context`` (deps), ``prompts
 
 from graph.concierge.booking import booking_key_for
 from graph.concierge.context import ConciergeDeps, Model, open_concierge_deps
-from graph.concierge.graph import CONCIERGE_GRAPH, build_concierge_graph, give_up_update, starts_over
+from graph.concierge.graph import CONCIERGE_GRAPH, OUT_OF_STEPS, build_concierge_graph, give_up_update, starts_over
 from graph.concierge.state import ConciergeState, turn_input
 from graph.concierge.tools import TOOLS
 
 __all__ = [
     "CONCIERGE_GRAPH",
+    "OUT_OF_STEPS",
     "TOOLS",
     "ConciergeDeps",
     "ConciergeState",

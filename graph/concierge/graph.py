@@ -37,7 +37,7 @@ from graph.concierge.history import call_ids, repair_history, transcript
 from graph.concierge.journal import TokenEvents, note_call, note_result, tool_result
 from graph.concierge.prompts import system_prompt
 from graph.concierge.state import Approval, ConciergeState, Done, Pending, failure
-from graph.concierge.tools import TOOLS, Tool, ToolContext, answer_error, tool_named
+from graph.concierge.tools import TOOLS, Tool, ToolContext, answer_error, repeat_answer, tool_named
 from graph.concierge.views import tool_error
 from graph.idempotency import idempotent_node
 from graph.tracing import traced_node
@@ -45,7 +45,7 @@ from infra.error_table import answer_for
 from infra.llm import Budget, ModelError, Usage
 from infra.settings import get_settings
 
-__all__ = ["CONCIERGE_GRAPH", "build_concierge_graph", "give_up_update", "starts_over"]
+__all__ = ["CONCIERGE_GRAPH", "OUT_OF_STEPS", "build_concierge_graph", "give_up_update", "starts_over"]
 
 CONCIERGE_GRAPH: Final = "concierge"
 """``RunRecord.graph`` of chat turns."""
@@ -56,6 +56,21 @@ def _usage(value: Mapping[str, Any] | None) -> Usage:
     return Usage(int(value.get("input_tokens", 0)), int(value.get("output_tokens", 0)), int(value.get("calls", 0)))
 
 
+OUT_OF_STEPS: Final = "Sorry, I could not finish this in the steps I am allowed. Please ask again, more precisely."
+"""The turn's answer when the model still calls tools on its last allowed call (LangGraph's ``is_last_step``)."""
+
+
+def _out_of_steps(message: AIMessage) -> AIMessage:
+    """The last allowed call's answer in words: its tool calls dropped (none runs, the history has none unanswered)."""
+    dropped = len(call_ids(message))
+    return AIMessage(
+        content=OUT_OF_STEPS,
+        id=message.id,
+        response_metadata=message.response_metadata,
+        additional_kwargs={"dropped_tool_calls": dropped},
+    )
+
+
 def _last_ai(state: ConciergeState) -> AIMessage | None:
     return next((m for m in reversed(state.get("messages") or []) if isinstance(m, AIMessage)), None)
 
@@ -64,7 +79,8 @@ def _last_ai(state: ConciergeState) -> AIMessage | None:
 
 
 async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: ConciergeDeps) -> dict[str, Any]:
-    """One model call, checkpointed (``durability="sync"``) before any tool runs: a kill after it never asks again."""
+    """One model call, checkpointed (``durability="sync"``) before any tool runs: a kill after it never asks again.
+    The last call ``LLM_MAX_CALLS_PER_TURN`` allows ends the turn in words, whatever the model answered."""
     if state.get("error"):
         return {}  # recovery gave up on the turn (``give_up_update``): straight to ``finish``
     chat_id, turn_id = state["chat_id"], state["turn_id"]
@@ -73,7 +89,7 @@ async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: Con
         await deps.feed.emit(
             chat_id, ChatEventKind.USER_MESSAGE, once=f"{turn_id}:user", turn_id=turn_id, text=state["text"]
         )
-    if calls >= get_settings().llm_max_calls_per_turn:
+    if calls >= get_settings().llm_max_calls_per_turn:  # a turn checkpointed before its last call answered in words
         message = f"the model was asked {calls} times in this turn without an answer"
         return {"error": failure(ErrorCode.MODEL_CALLS_EXHAUSTED, message)}
     history, added = repair_history(list(state.get("messages") or []))
@@ -92,9 +108,12 @@ async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: Con
     except ModelError as exc:
         answer = answer_for(exc)
         return {"model_calls": calls + 1, "error": failure(answer.code, answer.message), "messages": added}
-    reply.message.additional_kwargs["turn_id"] = turn_id
+    said = reply.message
+    if calls + 1 >= get_settings().llm_max_calls_per_turn and call_ids(said):
+        said = _out_of_steps(said)  # the last allowed call: its tool calls are not run, the turn answers
+    said.additional_kwargs["turn_id"] = turn_id
     usage = (spent_turn + reply.usage).as_dict()
-    return {"messages": [*added, reply.message], "model_calls": calls + 1, "usage": usage}
+    return {"messages": [*added, said], "model_calls": calls + 1, "usage": usage}
 
 
 async def tools(state: ConciergeState, config: RunnableConfig, *, deps: ConciergeDeps) -> dict[str, Any]:
@@ -112,6 +131,9 @@ async def tools(state: ConciergeState, config: RunnableConfig, *, deps: Concierg
             bookings.append(str(done["booking_id"]))
     answered = {m.tool_call_id for m in state.get("messages") or [] if isinstance(m, ToolMessage)}
     answered |= {r.tool_call_id for r in results}
+    contents = {m.tool_call_id: str(m.content) for m in state.get("messages") or [] if isinstance(m, ToolMessage)}
+    seen = dict(state.get("answered_calls") or {})
+    repeated: set[str] = set()
     recorded = (await deps.chats.get(chat_id) or {}).get("bookings") or []
     context = ToolContext(deps, chat_id, frozenset([*bookings, *recorded]))
     pending: Pending | None = None
@@ -126,14 +148,22 @@ async def tools(state: ConciergeState, config: RunnableConfig, *, deps: Concierg
         if call_id in answered:
             continue
         await note_call(deps.feed, chat_id, turn_id, call_id, name, call["args"])
+        key: str | None = None  # a read's call key, remembered once it succeeds
         try:
             tool = tool_named(name)
             args = tool.validate(call["args"])
-            if tool.approval is not None:
+            key = tool.call_key(args) if tool.answers_repeats else None
+            earlier = seen.get(key) if key is not None else None
+            if earlier is not None and earlier in contents:
+                content = repeat_answer(name, contents[earlier])  # not run again: no peer is asked
+                repeated.add(call_id)
+                key = None
+            elif tool.approval is not None:
                 pending = await _ask(deps, state, context, tool, call_id, args)
                 break  # the calls after this one wait for its decision
-            assert tool.run is not None
-            content = await tool.run(context, args)
+            else:
+                assert tool.run is not None
+                content = await tool.run(context, args)
         except InvalidToolCallError as exc:
             content = answer_error(exc)
         except Exception as exc:
@@ -141,10 +171,14 @@ async def tools(state: ConciergeState, config: RunnableConfig, *, deps: Concierg
             if answer.code in (ErrorCode.INTERNAL, ErrorCode.DEPENDENCY_UNAVAILABLE):
                 raise  # our own stores: the run pauses and the step runs again
             content = tool_error(answer.message, answer.code)
-        results.append(tool_result(call_id, content))
+        result = tool_result(call_id, content)
+        results.append(result)
+        contents[call_id] = content
+        if key is not None and result.status == "success":
+            seen[key] = call_id
     for result in results:
-        await note_result(deps.feed, chat_id, turn_id, result)
-    return {"messages": results, "pending": pending, "done": None, "bookings": bookings}
+        await note_result(deps.feed, chat_id, turn_id, result, repeated=result.tool_call_id in repeated)
+    return {"messages": results, "pending": pending, "done": None, "bookings": bookings, "answered_calls": seen}
 
 
 async def _ask(

@@ -82,7 +82,10 @@ async def note_call(feed: ChatFeed, chat_id: str, turn_id: str, call_id: str, na
     )
 
 
-async def note_result(feed: ChatFeed, chat_id: str, turn_id: str, result: ToolMessage) -> None:
+async def note_result(
+    feed: ChatFeed, chat_id: str, turn_id: str, result: ToolMessage, *, repeated: bool = False
+) -> None:
+    """``repeated``: the call repeated an earlier one of the turn and was answered from its result, not run."""
     try:
         content: Any = json.loads(str(result.content))
     except ValueError:
@@ -94,5 +97,6 @@ async def note_result(feed: ChatFeed, chat_id: str, turn_id: str, result: ToolMe
         tool_call_id=result.tool_call_id,
         status=result.status,
         content=content,
+        repeated=repeated,
         turn_id=turn_id,
     )

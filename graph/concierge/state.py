@@ -93,6 +93,8 @@ class ConciergeState(TypedDict, total=False):
     done: Done | None
     bookings: list[str]
     """The bookings booking-agent accepted in this chat: the only ones its tools may read or cancel."""
+    answered_calls: dict[str, str]
+    """This turn's reads that succeeded: ``Tool.call_key`` → the tool call id whose result answers a repeat."""
     outcome: str | None
 
 
@@ -115,5 +117,6 @@ def turn_input(chat_id: str, turn_id: str, text: str) -> dict[str, Any]:
         "pending": None,
         "decision": None,
         "done": None,
+        "answered_calls": {},
         "outcome": None,
     }

@@ -25,14 +25,17 @@ from resilience import policy_for
 
 __all__ = [
     "MAX_OFFERS_SHOWN",
+    "REPEATED_NOTE",
     "TOOLS",
     "TOOLS_BY_NAME",
     "TOOL_RECORDS",
     "Approved",
+    "NotOfferedError",
     "Tool",
     "ToolContext",
     "UnknownBookingError",
     "answer_error",
+    "repeat_answer",
     "tool_named",
     "validate_tool_args",
 ]
@@ -65,6 +68,13 @@ class UnknownBookingError(InvalidToolCallError):
         super().__init__(f"booking_id: no booking {booking_id} in this chat")
 
 
+class NotOfferedError(InvalidToolCallError):
+    """``book_hotel`` for a hotel search does not offer for the stay: the error carries the offers that search does
+    (``offers``, as ``search_hotels`` shows them), so a model that reads data can pick a real one."""
+
+    code: str = ErrorCode.NOT_OFFERED
+
+
 Run = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
 """A read-only tool: its result (JSON text)."""
 Terms = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -92,6 +102,13 @@ class Tool:
     """Everything the model may send: an argument this model does not define is refused, naming it."""
     run: Run | None = None
     approval: Approved | None = None
+    answers_repeats: bool = False
+    """A repeat of a call in one turn (same arguments) is answered from the earlier result, not run again: a small
+    model often asks the same thing twice. Only for reads; each approval tool call asks its own approval."""
+
+    def call_key(self, args: Mapping[str, Any]) -> str:
+        """What makes two calls the same: the tool and its validated arguments as canonical JSON."""
+        return f"{self.name}:{json.dumps(args, sort_keys=True, separators=(',', ':'))}"
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -208,14 +225,19 @@ _STAY_TERMS: Final = ("city", "checkin", "checkout", "guests")
 
 
 async def quote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """``book_hotel``'s terms: the hotel's current price for the stay, through search-agent (``InvalidToolCallError``
-    when the hotel has no room for it, which the model is told)."""
+    """``book_hotel``'s terms: the hotel's current price for the stay, from a search of the stay through search-agent.
+    A hotel that search does not offer for it (made up, or full) is ``NotOfferedError`` with the offers it does."""
     nights = validate_stay(args["checkin"], args["checkout"], args["guests"])
-    query = {**{name: args[name] for name in _STAY_TERMS}, "hotel_id": args["hotel_id"]}
-    offers = await _search(ctx.deps.search_agent, query)
+    offers = await _search(ctx.deps.search_agent, {name: args[name] for name in _STAY_TERMS})
     offer = next((o for o in offers if o.get("hotel_id") == args["hotel_id"]), None)
     if offer is None:
-        raise InvalidToolCallError(f"hotel_id: {args['hotel_id']} has no room in {args['city']} for this stay")
+        shown = [offer_view(o, nights, args["guests"]) for o in offers[:MAX_OFFERS_SHOWN]]
+        raise NotOfferedError(
+            f"hotel_id: {args['hotel_id']} is not offered in {args['city']} for this stay; nothing was booked. "
+            "Book one of these offers by its hotel_id, or tell the person.",
+            offers=shown,
+            found=len(offers),
+        )
     view = offer_view(offer, nights, args["guests"])
     return {
         "hotel_id": args["hotel_id"],
@@ -248,6 +270,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         "Hotels with rooms for the stay, cheapest first.",
         SearchArgs,
         run=search_hotels,
+        answers_repeats=True,
     ),
     Tool(
         BOOK_HOTEL,
@@ -261,7 +284,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
             once="booking-agent's Idempotency-Key = sha256(chat id, tool call id); the approved total its ceiling",
         ),
     ),
-    Tool(GET_BOOKING, "A booking of this chat: its status.", BookingIdArgs, run=get_booking),
+    Tool(GET_BOOKING, "A booking of this chat: its status.", BookingIdArgs, run=get_booking, answers_repeats=True),
     Tool(
         CANCEL_BOOKING,
         "Cancel a booking of this chat. The person is asked to approve the cancel first.",
@@ -290,5 +313,22 @@ def validate_tool_args(name: str, args: object) -> dict[str, Any]:
 
 
 def answer_error(exc: InvalidToolCallError) -> str:
-    """A refused call's result: ``unknown_booking`` for another chat's booking, ``invalid_request`` otherwise."""
-    return tool_error(str(exc), exc.code)
+    """A refused call's result: ``unknown_booking`` for another chat's booking, ``not_offered`` (with the offers) for
+    a hotel search does not offer, ``invalid_request`` otherwise."""
+    return tool_error(str(exc), exc.code, **exc.details)
+
+
+REPEATED_NOTE: Final = (
+    "you already called {tool} with these arguments in this turn; this is the same result. Use it, or answer the "
+    "person."
+)
+
+
+def repeat_answer(tool: str, earlier: str) -> str:
+    """A repeated call's result: the earlier result's content, marked ``repeated`` with a note telling the model so."""
+    try:
+        content: Any = json.loads(earlier)
+    except ValueError:
+        content = earlier
+    body = content if isinstance(content, dict) else {"result": content}
+    return json.dumps({**body, "repeated": True, "note": REPEATED_NOTE.format(tool=tool)})

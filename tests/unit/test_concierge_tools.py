@@ -15,7 +15,17 @@ from domain.booking import MAX_GUESTS, ErrorCode
 from domain.chat import InvalidToolCallError
 from domain.llm import TOOL_NAMES
 from graph.concierge.context import ConciergeDeps
-from graph.concierge.tools import TOOL_RECORDS, TOOLS, TOOLS_BY_NAME, ToolContext, answer_error, validate_tool_args
+from graph.concierge.tools import (
+    MAX_OFFERS_SHOWN,
+    TOOL_RECORDS,
+    TOOLS,
+    TOOLS_BY_NAME,
+    NotOfferedError,
+    ToolContext,
+    answer_error,
+    repeat_answer,
+    validate_tool_args,
+)
 from graph.concierge.views import MAX_THIRD_PARTY_CHARS, booking_view, offer_view, third_party_text
 
 CHECKIN = (date.today() + timedelta(days=30)).isoformat()
@@ -103,3 +113,44 @@ def test_a_booking_outside_the_chat_is_unknown_and_nobody_is_asked(name: str) ->
     assert peer.calls == []
     asyncio.run(run(context, {"booking_id": "mine"}))  # type: ignore[arg-type]
     assert peer.calls == [("get_booking", {"booking_id": "mine"})]
+
+
+def test_only_reads_answer_a_repeat_and_the_same_call_is_the_same_arguments_in_any_order() -> None:
+    assert {tool.name for tool in TOOL_RECORDS if tool.answers_repeats} == {"search_hotels", "get_booking"}
+    search = TOOLS_BY_NAME["search_hotels"]
+    shuffled = dict(reversed(list(STAY.items())))
+    assert search.call_key(search.validate(shuffled)) == search.call_key(search.validate(STAY))
+    assert search.call_key({**STAY, "guests": 3}) != search.call_key(STAY)
+    again = json.loads(repeat_answer("search_hotels", json.dumps({"offers": [], "found": 0})))
+    assert again["offers"] == [] and again["repeated"] is True
+    assert "already called search_hotels" in again["note"]
+
+
+class Search:
+    def __init__(self, offers: list[dict[str, Any]]) -> None:
+        self.offers = offers
+        self.calls: list[dict[str, Any]] = []
+
+    async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(data)
+        return {"offers": self.offers}
+
+
+def test_a_hotel_search_does_not_offer_for_the_stay_is_answered_with_the_offers_it_does() -> None:
+    offers = [
+        {"hotel_id": f"lisbon-{n:02}", "name": f"H{n}", "price_per_night": 50 + n, "currency": "EUR", "stars": 3}
+        for n in range(MAX_OFFERS_SHOWN + 2)
+    ]
+    search = Search(offers)
+    context = ToolContext(cast(ConciergeDeps, SimpleNamespace(search_agent=search)), "chat", frozenset())
+    terms = TOOLS_BY_NAME["book_hotel"].approval
+    assert terms is not None
+    with pytest.raises(NotOfferedError) as refused:
+        asyncio.run(terms.terms(context, {**STAY, "hotel_id": "12345"}))
+    error = json.loads(answer_error(refused.value))["error"]
+    assert error["code"] == ErrorCode.NOT_OFFERED == "not_offered" and error["found"] == len(offers)
+    assert [o["hotel_id"] for o in error["offers"]] == [o["hotel_id"] for o in offers[:MAX_OFFERS_SHOWN]]
+    assert error["offers"][0]["total_price"] == 100.0  # as search_hotels shows them: the whole stay
+    quoted = asyncio.run(terms.terms(context, {**STAY, "hotel_id": "lisbon-03"}))  # a real offer for the stay
+    assert quoted["hotel_id"] == "lisbon-03" and quoted["total_price"] == 106.0
+    assert search.calls == [STAY, STAY]  # the stay, searched: the hotel is looked up among its offers
