@@ -9,14 +9,12 @@ finds every booking here consistent with them.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.procs import concierge_command
+from tests.e2e.test_concierge import verify
 from tests.stack import Stack, stay
 
 pytestmark = pytest.mark.e2e
@@ -165,20 +163,6 @@ def test_a_bad_ceiling_is_422_naming_the_field_over_http_and_a2a(
 
 def test_verify_finds_every_booking_above_consistent_with_the_ledgers(stack: Stack) -> None:
     """Last in this module: ``concierge verify`` over the failed and confirmed bookings above."""
-    result = subprocess.run(
-        [
-            *concierge_command(),
-            "verify",
-            "--hotel-api",
-            stack.url("hotel-api"),
-            "--payment-api",
-            stack.url("payment-api"),
-        ],
-        env={**os.environ, **stack.env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = verify(stack)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 disagreement(s)" in result.stdout, result.stdout
