@@ -62,12 +62,14 @@ from domain.booking import (
 )
 from graph.booking import BookingDeps, booking_deadline, booking_input, build_booking_graph, open_booking_deps
 from infra.a2a.errors import SkillFailure
-from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
+from infra.a2a.server import Skill, current_caller, current_person, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.error_table import answer_for, answer_response
 from infra.journal import is_final, name_instance, read_journal
+from infra.people import Caller, IdempotencyKeyReusedError
+from infra.quotas import Release
 from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import (
     RETRY_AFTER,
@@ -78,6 +80,7 @@ from infra.service.openapi import (
     headers_only,
     validation_error,
 )
+from infra.service.people import PEOPLE_ANSWERS, Who, open_stream
 from infra.settings import Settings, get_settings
 from infra.signals import ShuttingDownError
 from infra.tasks import drain_tasks
@@ -225,6 +228,8 @@ class BookingView(BaseModel):
 
     booking_id: str
     status: BookingStatus
+    owner: str | None = None
+    """The person it belongs to (their token's ``sub``); ``None`` for a service's own."""
     city: str | None
     checkin: str | None
     checkout: str | None
@@ -270,7 +275,12 @@ class BookingService:
         self.tasks: set[asyncio.Task[Any]] = set()
 
     async def admit(
-        self, request: BookingRequest, client_key: str | None, *, inbound: Bulkhead | None = None
+        self,
+        request: BookingRequest,
+        client_key: str | None,
+        *,
+        owner: str | None = None,
+        inbound: Bulkhead | None = None,
     ) -> tuple[str, bool]:
         """``accept`` within the in-flight cap; past it, the booking this key already has, else ``OverloadedError``.
 
@@ -281,20 +291,20 @@ class BookingService:
         """
         slot = self.door.try_hold()
         if slot is None:
-            return await self.refuse(request, client_key)
+            return await self.refuse(request, client_key, owner)
         try:
             if inbound is None:
-                return await self.accept(request, client_key, slot)
+                return await self.accept(request, client_key, slot, owner)
             with wait_for_slots():
-                return await inbound.run(self.accept, request, client_key, slot)
+                return await inbound.run(self.accept, request, client_key, slot, owner)
         except BaseException:
             slot.discard()
             raise
 
-    async def refuse(self, request: BookingRequest, client_key: str | None) -> tuple[str, bool]:
+    async def refuse(self, request: BookingRequest, client_key: str | None, owner: str | None) -> tuple[str, bool]:
         """At capacity: a retry of a booking already accepted still gets it (it costs no run), anything else 429s."""
         if client_key is not None:
-            bound = await self.bookings.find_client_key(client_key, request.digest())
+            bound = await self.bookings.find_client_key(client_key, request.digest(), owner)
             if bound is not None:
                 booking_id, same_body = bound
                 if not same_body:
@@ -318,17 +328,22 @@ class BookingService:
             retry_after=RETRY_AFTER_S,
         )
 
-    async def accept(self, request: BookingRequest, client_key: str | None, slot: TimedSlot) -> tuple[str, bool]:
-        """Make the booking durable (run record + lease, then the booking record) and start it in ``slot``.
+    async def accept(
+        self, request: BookingRequest, client_key: str | None, slot: TimedSlot, owner: str | None = None
+    ) -> tuple[str, bool]:
+        """Make the booking durable (run record + lease, then the booking record) and start it in ``slot``, as
+        ``owner``'s (the person's ``sub``; kept in the run's input too, so a resumed run recreates it as theirs).
 
         Returns the booking id and whether this call created it. The run record comes first: whatever dies after
         it, the scanner finds the run and the recovery worker (re)creates everything from its stored input. The
         slot goes to the run, or back at once when there is no run to start (a retried request).
         """
         booking_id = uuid.uuid4().hex
-        payload = request.as_payload()
+        payload = {**request.as_payload(), "owner": owner}
         if client_key is not None:
-            booking_id, same_body = await self.bookings.claim_client_key(client_key, request.digest(), booking_id)
+            booking_id, same_body = await self.bookings.claim_client_key(
+                client_key, request.digest(), booking_id, owner
+            )
             if not same_body:
                 raise _key_reused()
         run_input = dict(booking_input(booking_id, payload))  # without the payment token: that waits apart
@@ -425,7 +440,7 @@ async def _checkpointer_ready() -> None:
     await checkpointer_ready(app.state.checkpointer)
 
 
-app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
+app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready}, people=True)
 
 
 class ShedAtTheDoor:
@@ -464,17 +479,8 @@ async def door() -> dict[str, Any]:
     return dict(service.door.stats())
 
 
-def _key_reused() -> HTTPException:
-    return HTTPException(
-        status_code=422,
-        detail=[
-            {
-                "loc": ["header", "Idempotency-Key"],
-                "msg": "this key was already used with a different request body",
-                "type": "idempotency_key_reuse",
-            }
-        ],
-    )
+def _key_reused() -> IdempotencyKeyReusedError:
+    return IdempotencyKeyReusedError("Idempotency-Key: this key was already used with a different request body")
 
 
 def _service() -> BookingService:
@@ -504,10 +510,13 @@ _SHUTTING_DOWN = error(
             "Accepted and durable (or, for a retry with the same `Idempotency-Key`, the booking it created); the "
             "outcome follows at `Location`.",
         ),
-        validation_error(
-            "The body breaks a rule (a field, a stay rule), or the `Idempotency-Key` was already used with a "
-            "different body (`type`: `idempotency_key_reuse`)."
+        validation_error("The body breaks a rule (a field, a stay rule)."),
+        error(
+            422,
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            description="The caller used this `Idempotency-Key` before with a different body (keys are per person).",
         ),
+        *PEOPLE_ANSWERS,
         error(
             429,
             ErrorCode.OVERLOADED,
@@ -522,10 +531,12 @@ _SHUTTING_DOWN = error(
 async def create_booking(
     body: BookingRequest,
     response: Response,
+    who: Who,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
 ) -> Accepted:
+    """Book for the caller: the booking is theirs (``owner``), and their ``Idempotency-Key`` theirs alone."""
     inbound = bulkhead_registry.get("booking_agent")
-    booking_id, created = await _service().admit(body, idempotency_key, inbound=inbound)
+    booking_id, created = await _service().admit(body, idempotency_key, owner=who.person, inbound=inbound)
     response.headers["Location"] = f"/bookings/{booking_id}"
     if created:
         return Accepted(booking_id=booking_id, status="pending")
@@ -545,18 +556,31 @@ BookingId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0
             "description": "The booking as it stands (with `wait`: once final, when the wait is over, or at once "
             "when this process is stopping: ask again, a replica or the restarted process answers the rest).",
         },
-        **answers(detail(404, description="No booking with this id.")),
+        **answers(detail(404, description="No booking with this id (or another person's)."), *PEOPLE_ANSWERS),
     },
 )
 async def get_booking(
     booking_id: BookingId,
+    who: Who,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0,
 ) -> dict[str, Any]:
     store: BookingStore = app.state.booking.bookings
+    await _visible(store, booking_id, who)  # a long-poll on another person's booking answers 404 at once
     booking = await store.wait_final(booking_id, wait) if wait > 0 else await store.get(booking_id)
-    if booking is None:
-        raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
+    if booking is None or not who.may_see(booking.get("owner")):
+        raise _no_booking(booking_id)
     return booking
+
+
+def _no_booking(booking_id: str) -> HTTPException:
+    """Unknown and another person's answer alike: nobody learns which ids exist (OWASP API1)."""
+    return HTTPException(status_code=404, detail=f"no booking {booking_id}")
+
+
+async def _visible(store: BookingStore, booking_id: str, who: Caller) -> None:
+    """404 unless the booking exists and is the caller's (the operator sees every one)."""
+    if not who.may_see(await store.owner(booking_id)):
+        raise _no_booking(booking_id)
 
 
 # ------------------------------------------------------------------------------------------ journal and list
@@ -620,17 +644,27 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
 @app.get(
     "/bookings",
     response_model=BookingPage,
-    responses=answers(validation_error("`status` is not a booking status, or `cursor` is not one this API gave out.")),
+    responses=answers(
+        validation_error("`status` is not a booking status, or `cursor` is not one this API gave out."),
+        *PEOPLE_ANSWERS,
+    ),
 )
 async def list_bookings(
+    who: Who,
     status: Annotated[BookingStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> BookingPage:
-    """Bookings newest first, a page at a time (kept for `JOURNAL_TTL_S`)."""
+    """The caller's bookings newest first (the operator's: everyone's), a page at a time (kept for `JOURNAL_TTL_S`)."""
     store: BookingStore = app.state.booking.bookings
     position = _decode_cursor(cursor) if cursor is not None else None
-    found, last = await store.page(status=None if status is None else str(status), limit=limit, cursor=position)
+    found, last = await store.page(
+        status=None if status is None else str(status),
+        limit=limit,
+        cursor=position,
+        owner=who.person,
+        everyone=who.operator,
+    )
     return BookingPage(
         bookings=[BookingSummary.model_validate(item) for item in found],
         next_cursor=None if last is None else _encode_cursor(last),
@@ -648,36 +682,41 @@ async def list_bookings(
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         },
         **answers(
-            detail(404, description="No booking with this id."),
+            detail(404, description="No booking with this id (or another person's)."),
             validation_error("`Last-Event-ID` is not an entry id."),
+            *PEOPLE_ANSWERS,
         ),
     },
 )
 async def booking_events(
     request: Request,
     booking_id: BookingId,
+    who: Who,
     # a string defaulting to "" (none), not an optional one: the schema then has no `null` for a header to carry
     last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = "",
 ) -> Any:
     """The journal as JSON, or followed live as SSE (resumes after `Last-Event-ID`, on any replica)."""
     redis = app.state.redis
     store: BookingStore = app.state.booking.bookings
-    if await store.status(booking_id) is None:
-        raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
+    await _visible(store, booking_id, who)
     if "text/event-stream" not in request.headers.get("accept", ""):
         return {"booking_id": booking_id, "events": await read_journal(redis, booking_id, after=last_event_id or None)}
-    return journal_response(_follow(redis, store, booking_id, last_event_id or None))
+    release = await open_stream(request, who)
+    return journal_response(_follow(redis, store, booking_id, last_event_id or None, release))
 
 
 async def _follow(
-    redis: Any, store: BookingStore, booking_id: str, after: str | None
+    redis: Any, store: BookingStore, booking_id: str, after: str | None, release: Release
 ) -> AsyncIterator[ServerSentEvent]:
-    final = False
-    async for entry in _entries(redis, store, booking_id, after):
-        final = is_final(entry)
-        yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
-    if not final and app.state.stopping.is_set():
-        yield shutting_down_event(SERVICE)  # ended by a shutdown, not by the booking
+    try:
+        final = False
+        async for entry in _entries(redis, store, booking_id, after):
+            final = is_final(entry)
+            yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"])
+        if not final and app.state.stopping.is_set():
+            yield shutting_down_event(SERVICE)  # ended by a shutdown, not by the booking
+    finally:
+        await release()
 
 
 async def _entries(
@@ -720,7 +759,8 @@ async def _entries(
             "releases the hold, refunds anything captured and ends `cancelled`.",
         },
         **answers(
-            detail(404, description="No booking with this id."),
+            detail(404, description="No booking with this id (or another person's)."),
+            *PEOPLE_ANSWERS,
             error(
                 409,
                 ErrorCode.ALREADY_FINAL,
@@ -730,8 +770,13 @@ async def _entries(
         ),
     },
 )
-async def cancel_booking(booking_id: BookingId, response: Response) -> dict[str, Any]:
+async def cancel_booking(booking_id: BookingId, response: Response, who: Who) -> dict[str, Any]:
     store: BookingStore = app.state.booking.bookings
+    await _visible(store, booking_id, who)
+    return await _cancel(store, booking_id, response)
+
+
+async def _cancel(store: BookingStore, booking_id: str, response: Response) -> dict[str, Any]:
     outcome, status = await store.request_cancel(booking_id)
     if outcome is CancelOutcome.UNKNOWN:
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
@@ -752,7 +797,8 @@ async def book_hotel(data: dict[str, Any]) -> dict[str, Any]:
     every journal entry on the way is a ``working`` status update."""
     client_key = data.pop("idempotency_key", None)
     request = BookingRequest.model_validate(data)  # a ValidationError answers invalid_request (the error table)
-    booking_id, _ = await _service().admit(request, client_key if isinstance(client_key, str) else None)
+    owner = _person_acted_for()
+    booking_id, _ = await _service().admit(request, client_key if isinstance(client_key, str) else None, owner=owner)
     store: BookingStore = app.state.booking.bookings
     if progress_wanted():
         # message/stream: the booking's journal, entry by entry, as working updates; then the outcome
@@ -776,25 +822,41 @@ def _booking_id_of(data: dict[str, Any]) -> str:
 
 
 async def get_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
-    """A2A: a booking as ``GET /bookings/{id}`` shows it (``not_found`` when there is none)."""
+    """A2A: a booking as ``GET /bookings/{id}`` shows it to the person acted for (``not_found`` otherwise)."""
     booking_id = _booking_id_of(data)
     booking = await app.state.booking.bookings.get(booking_id)
-    if booking is None:
+    if booking is None or booking.get("owner") != _person_acted_for():
         raise SkillFailure(ErrorCode.NOT_FOUND, f"no booking {booking_id}")
     return dict(booking)
 
 
 async def cancel_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
-    """A2A: ``POST /bookings/{id}/cancel``; the booking as it stands (``already_final`` when too late)."""
+    """A2A: ``POST /bookings/{id}/cancel`` for the person acted for; the booking as it stands (``already_final``
+    when too late)."""
     booking_id = _booking_id_of(data)
-    if await app.state.booking.bookings.status(booking_id) is None:
+    store: BookingStore = app.state.booking.bookings
+    if await store.status(booking_id) is None or await store.owner(booking_id) != _person_acted_for():
         raise SkillFailure(ErrorCode.NOT_FOUND, f"no booking {booking_id}")
-    return await cancel_booking(booking_id, Response())
+    return await _cancel(store, booking_id, Response())
+
+
+PERSON_ACTORS: frozenset[str] = frozenset({"concierge-agent", "recovery-worker"})
+"""The services that may act for a person (their token's ``sub``, RFC 8693 ``act``): the concierge, and the recovery
+worker resuming its turns. A booking made, read or cancelled over A2A is that person's, exactly as over HTTP."""
+
+
+def _person_acted_for() -> str | None:
+    """The person the calling service acts for (``None``: the service for itself); ``forbidden`` from a service
+    that may not act for people."""
+    person = current_person()
+    if person is not None and current_caller() not in PERSON_ACTORS:
+        raise SkillFailure(ErrorCode.FORBIDDEN, f"{current_caller()} may not act for a person")
+    return person
 
 
 BOOKING_READERS: frozenset[str] | None = None
-"""Who may call ``get_booking`` / ``cancel_booking``: any service of the deployment (concierge-agent, and the recovery
-worker resuming its turns), as any person may read or cancel a booking over HTTP."""
+"""Who may call ``get_booking`` / ``cancel_booking``: any service of the deployment; each sees only the bookings of
+the person it acts for (a service for itself: only the bookings made without a person)."""
 
 
 mount_a2a(

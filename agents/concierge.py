@@ -57,15 +57,18 @@ from graph.concierge import (
 )
 from graph.concierge.prompts import system_prompt
 from infra.a2a.errors import SkillFailure, SkillInputRequired
-from infra.a2a.server import Skill, mount_a2a, progress_wanted, report_progress
+from infra.a2a.server import Skill, current_person, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
 from infra.chats import FeedHub
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.error_table import is_outage
 from infra.journal import name_instance
 from infra.llm import ChatModel
+from infra.people import Caller, IdempotencyKeyReusedError, person_key
+from infra.quotas import Release
 from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import answers, detail, document_service_token, error, validation_error
+from infra.service.people import PEOPLE_ANSWERS, Who, open_stream
 from infra.settings import get_settings
 from infra.tasks import drain_tasks, stop_task
 from recovery.queue import DeadLetterQueue, QueueGuard
@@ -161,19 +164,26 @@ class ConciergeService:
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[Any]] = set()
 
-    async def create_chat(self) -> str:
+    async def create_chat(self, owner: str | None) -> str:
         chat_id = uuid.uuid4().hex
-        await self.deps.chats.create(chat_id)
+        await self.deps.chats.create(chat_id, owner)
         return chat_id
 
-    async def _known(self, chat_id: str) -> None:
-        if not await self.deps.chats.exists(chat_id):
+    async def known(self, chat_id: str, who: Caller) -> None:
+        """404 unless the chat exists and is the caller's: another person's answers exactly as an unknown one."""
+        exists, owner = await self.deps.chats.owner(chat_id)
+        if not exists or not who.may_see(owner):
             raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
 
     async def post_message(
         self, chat_id: str, text: str, payment_token: str | None, client_key: str | None
     ) -> tuple[str, ChatStatus]:
-        await self._known(chat_id)
+        if client_key is not None:
+            digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+            if not await self.deps.chats.claim_message_key(chat_id, client_key, digest):
+                raise IdempotencyKeyReusedError(
+                    "Idempotency-Key: this key was already used in this chat with a different text"
+                )
         # the shared model rate limit: a turn that could not get a model call within its budget is refused at the
         # door (429 overloaded, Retry-After) before anything is recorded
         check_capacity = getattr(self.deps.model, "check_capacity", None)
@@ -205,7 +215,6 @@ class ConciergeService:
         self, chat_id: str, approval_id: str, approve: bool, payment_token: str | None
     ) -> tuple[bool, ChatStatus]:
         """Record the decision (the first one stands) and resume the turn; ``ApprovalExpiredError`` past its TTL."""
-        await self._known(chat_id)
         record = await self.runs.get(chat_id)
         if (
             payment_token is not None
@@ -448,7 +457,7 @@ async def _checkpointer_ready() -> None:
     await checkpointer_ready(app.state.checkpointer)
 
 
-app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready})
+app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready}, people=True)
 
 
 def _service() -> ConciergeService:
@@ -463,9 +472,10 @@ ApprovalId = Annotated[str, Path(pattern=APPROVAL_ID_PATTERN)]
 _NO_CHAT = detail(404, description="No chat with this id.")
 
 
-@app.post("/chats", status_code=201, response_model=Created)
-async def create_chat(response: Response) -> Created:
-    chat_id = await _service().create_chat()
+@app.post("/chats", status_code=201, response_model=Created, responses=answers(*PEOPLE_ANSWERS))
+async def create_chat(response: Response, who: Who) -> Created:
+    """A new chat of the caller's: only they (and the operator) see it."""
+    chat_id = await _service().create_chat(who.person)
     response.headers["Location"] = f"/chats/{chat_id}"
     return Created(chat_id=chat_id, status=ChatStatus.IDLE)
 
@@ -483,23 +493,34 @@ async def create_chat(response: Response) -> Created:
             "approval_pending",
             description="A turn runs (`turn_in_progress`) or an approval waits (`approval_pending`).",
         ),
+        error(
+            422,
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            description="This chat had this `Idempotency-Key` before with another text.",
+        ),
+        *PEOPLE_ANSWERS,
     ),
 )
 async def post_message(
     chat_id: ChatId,
     body: MessageRequest,
+    who: Who,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
 ) -> TurnAccepted:
-    turn_id, status = await _service().post_message(chat_id, body.text, body.payment_token, idempotency_key)
+    service = _service()
+    await service.known(chat_id, who)
+    turn_id, status = await service.post_message(chat_id, body.text, body.payment_token, idempotency_key)
     return TurnAccepted(chat_id=chat_id, turn_id=turn_id, status=status)
 
 
-@app.get("/chats/{chat_id}", responses=answers(_NO_CHAT))
+@app.get("/chats/{chat_id}", responses=answers(_NO_CHAT, *PEOPLE_ANSWERS))
 async def get_chat(
-    chat_id: ChatId, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0
+    chat_id: ChatId, who: Who, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0
 ) -> dict[str, Any]:
     """The chat; with `wait`, once its turn is not `running` any more (or the wait is over)."""
-    return await app.state.concierge.view(chat_id, wait)
+    service: ConciergeService = app.state.concierge
+    await service.known(chat_id, who)
+    return await service.view(chat_id, wait)
 
 
 def _encode_cursor(score: float) -> str:
@@ -519,14 +540,17 @@ def _decode_cursor(cursor: str) -> float:
     return value
 
 
-@app.get("/chats", responses=answers(validation_error("`cursor` is not one this API gave out.")))
+@app.get("/chats", responses=answers(validation_error("`cursor` is not one this API gave out."), *PEOPLE_ANSWERS))
 async def list_chats(
+    who: Who,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> dict[str, Any]:
-    """Chats newest first, a page at a time; it only reads (an approval past its TTL is the sweeper's to decide)."""
+    """The caller's chats (the operator's: everyone's) newest first, a page at a time; it only reads (an approval
+    past its TTL is the sweeper's to decide)."""
     service: ConciergeService = app.state.concierge
-    rows = await service.deps.chats.page(limit, _decode_cursor(cursor) if cursor is not None else None)
+    before = _decode_cursor(cursor) if cursor is not None else None
+    rows = await service.deps.chats.page(limit, before, owner=who.person, everyone=who.operator)
     chats = []
     for chat_id, created in rows:
         chats.append({"chat_id": chat_id, "created_at": created, "status": _status_of(await service.runs.get(chat_id))})
@@ -539,14 +563,20 @@ async def list_chats(
     status_code=202,
     response_model=ApprovalAccepted,
     responses=answers(
-        detail(404, description="No such chat, or no such approval in it."),
+        detail(404, description="No such chat (or another person's), or no such approval in it."),
         validation_error("`approve` is not a boolean, or `payment_token` is malformed."),
         error(409, "approval_expired", description="The approval is older than `APPROVAL_TTL_S`: nothing was booked."),
+        *PEOPLE_ANSWERS,
     ),
 )
-async def decide_approval(chat_id: ChatId, approval_id: ApprovalId, body: ApprovalRequest) -> ApprovalAccepted:
-    """The decision is durable before this answers; a repeat gets the first decision back."""
-    approve, status = await _service().decide(chat_id, approval_id, body.approve, body.payment_token)
+async def decide_approval(
+    chat_id: ChatId, approval_id: ApprovalId, body: ApprovalRequest, who: Who
+) -> ApprovalAccepted:
+    """The decision is durable before this answers; a repeat gets the first decision back. Only the chat's owner
+    (or the operator) decides."""
+    service = _service()
+    await service.known(chat_id, who)
+    approve, status = await service.decide(chat_id, approval_id, body.approve, body.payment_token)
     return ApprovalAccepted(chat_id=chat_id, approval_id=approval_id, approve=approve, status=status)
 
 
@@ -558,42 +588,50 @@ async def decide_approval(chat_id: ChatId, approval_id: ApprovalId, body: Approv
             "live (`id:` the entry id: send it back as `Last-Event-ID` to resume on any replica).",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         },
-        **answers(_NO_CHAT, validation_error("`Last-Event-ID` is not an entry id.")),
+        **answers(_NO_CHAT, validation_error("`Last-Event-ID` is not an entry id."), *PEOPLE_ANSWERS),
     },
 )
 async def chat_events(
     request: Request,
     chat_id: ChatId,
+    who: Who,
     last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = "",
 ) -> Any:
     service: ConciergeService = app.state.concierge
-    await service._known(chat_id)
+    await service.known(chat_id, who)
     if "text/event-stream" not in request.headers.get("accept", ""):
         return {"chat_id": chat_id, "events": await service.deps.feed.read(chat_id, after=last_event_id or None)}
-    return journal_response(_follow(service, request, chat_id, last_event_id or None))
+    release = await open_stream(request, who)
+    return journal_response(_follow(service, request, chat_id, last_event_id or None, release))
 
 
 async def _follow(
-    service: ConciergeService, request: Request, chat_id: str, after: str | None
+    service: ConciergeService, request: Request, chat_id: str, after: str | None, release: Release
 ) -> AsyncIterator[ServerSentEvent]:
-    async with contextlib.aclosing(service.hub.follow(chat_id, after)) as entries:
-        async for entry in entries:
-            if not entry:
-                if service.stopping.is_set():  # the rest from a replica, or after the restart
-                    yield shutting_down_event(SERVICE)
-                    return
-                if await request.is_disconnected():
-                    return
-                continue
-            yield ServerSentEvent(data=json.dumps(entry, separators=(",", ":")), id=entry["id"], event=entry["kind"])
+    try:
+        async with contextlib.aclosing(service.hub.follow(chat_id, after)) as entries:
+            async for entry in entries:
+                if not entry:
+                    if service.stopping.is_set():  # the rest from a replica, or after the restart
+                        yield shutting_down_event(SERVICE)
+                        return
+                    if await request.is_disconnected():
+                        return
+                    continue
+                yield ServerSentEvent(
+                    data=json.dumps(entry, separators=(",", ":")), id=entry["id"], event=entry["kind"]
+                )
+    finally:
+        await release()
 
 
 # ------------------------------------------------------------------------------------------------- A2A
 
 
-def a2a_chat_id(context_id: str) -> str:
-    """The chat of one A2A conversation (its ``contextId``)."""
-    return "a2a-" + hashlib.sha256(context_id.encode()).hexdigest()[:32]
+def a2a_chat_id(context_id: str, person: str | None = None) -> str:
+    """The chat of one A2A conversation (its ``contextId``) of one person: two people's equal contexts are two chats."""
+    scope = context_id if person is None else f"{person_key(person)}:{context_id}"
+    return "a2a-" + hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
 async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
@@ -602,9 +640,10 @@ async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
     ``{"approve": true|false, "approval_id", "payment_token"?}`` in the same context)."""
     service = _service()
     context_id = str(data.get("context_id") or uuid.uuid4().hex)
-    chat_id = a2a_chat_id(context_id)
+    person = current_person()  # the person the calling service acts for (its token's sub): the chat is theirs
+    chat_id = a2a_chat_id(context_id, person)
     if not await service.deps.chats.exists(chat_id):
-        await service.deps.chats.create(chat_id)
+        await service.deps.chats.create(chat_id, person)
     approve = data.get("approve")
     token = data.get("payment_token") if isinstance(data.get("payment_token"), str) else None
     if isinstance(approve, bool):

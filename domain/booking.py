@@ -298,6 +298,14 @@ class ErrorCode(StrEnum):
     HOST_NOT_ALLOWED = "host_not_allowed"
     """The request's ``Host`` is not a name of this service (a DNS-rebinding page, or a name to allow)."""
     BODY_TOO_LARGE = "body_too_large"
+    UNAUTHENTICATED = "unauthenticated"
+    """A public route without a person's bearer token (``WWW-Authenticate: Bearer``)."""
+    INVALID_TOKEN = "invalid_token"
+    """A person's token refused: signature, algorithm, issuer, audience, expiry or key id (RFC 6750)."""
+    QUOTA_EXCEEDED = "quota_exceeded"
+    """A person used their share (requests a minute, streams open, model tokens a day): ``Retry-After``."""
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    """The person used this ``Idempotency-Key`` before with a different body."""
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     """The caller is known but may not do this: a skill it is not allowed to call, a refund of a confirmed booking."""
@@ -356,6 +364,10 @@ _HTTP_STATUS: Final = {
     ErrorCode.INVALID_HEADER: 400,
     ErrorCode.HOST_NOT_ALLOWED: 421,
     ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.INVALID_TOKEN: 401,
+    ErrorCode.QUOTA_EXCEEDED: 429,
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: 422,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.NOT_FOUND: 404,

@@ -106,6 +106,8 @@ class BookingError(TypedDict, total=False):
 
 class BookingState(TypedDict, total=False):
     booking_id: str
+    owner: str | None
+    """The person it is for (``sub``): a run resumed elsewhere recreates the booking as theirs."""
     city: str
     checkin: str
     checkout: str
@@ -479,6 +481,7 @@ def booking_input(booking_id: str, request: dict[str, Any]) -> BookingState:
     """The graph input for an accepted booking request (also what a run record stores)."""
     return BookingState(
         booking_id=booking_id,
+        owner=request.get("owner"),
         city=request["city"],
         checkin=request["checkin"],
         checkout=request["checkout"],

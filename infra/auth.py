@@ -30,10 +30,12 @@ $LLM_API_KEY``; with none configured, the simulator and the concierge derive the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -58,11 +60,13 @@ __all__ = [
     "ServiceClaims",
     "ServiceTokens",
     "TokenVerifier",
+    "acting_for",
     "admin_token",
     "admin_token_ok",
     "bearer_credentials",
     "llm_api_key",
     "mint_service_token",
+    "person_acted_for",
     "service_secret",
     "service_tokens",
     "use_service_identity",
@@ -169,14 +173,25 @@ class ServiceClaims:
     """The called service (the verifier's own name)."""
     issued_at: int
     expires_at: int
+    person: str | None = None
+    """The person the caller acts for (``sub``, with ``act`` naming the caller, RFC 8693); ``None``: for itself."""
 
 
 def mint_service_token(
-    secret: str, *, issuer: str, audience: str, now: float | None = None, ttl_s: int = TOKEN_TTL_S
+    secret: str,
+    *,
+    issuer: str,
+    audience: str,
+    now: float | None = None,
+    ttl_s: int = TOKEN_TTL_S,
+    person: str | None = None,
 ) -> str:
-    """A signed token from ``issuer`` to ``audience``, valid ``ttl_s`` from ``now``."""
+    """A signed token from ``issuer`` to ``audience``, valid ``ttl_s`` from ``now``; for ``person`` when given."""
     issued = int(time.time() if now is None else now)
-    claims = {"iss": issuer, "aud": audience, "iat": issued, "exp": issued + ttl_s}
+    claims: dict[str, Any] = {"iss": issuer, "aud": audience, "iat": issued, "exp": issued + ttl_s}
+    if person is not None:
+        claims["sub"] = person
+        claims["act"] = {"sub": issuer}
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
@@ -207,7 +222,12 @@ def verify_service_token(token: str, *, secret: str, audience: str, now: float |
         raise InvalidServiceTokenError("the token's times are not whole seconds")
     if expires - issued > MAX_TOKEN_LIFETIME_S:
         raise InvalidServiceTokenError(f"the token lives {expires - issued}s, more than {MAX_TOKEN_LIFETIME_S}s")
-    return ServiceClaims(issuer=issuer, audience=audience, issued_at=issued, expires_at=expires)
+    person = claims.get("sub")
+    if person is not None:
+        act = claims.get("act")
+        if not isinstance(person, str) or not person or not isinstance(act, dict) or act.get("sub") != issuer:
+            raise InvalidServiceTokenError("a token for a person must name its caller as act.sub")
+    return ServiceClaims(issuer=issuer, audience=audience, issued_at=issued, expires_at=expires, person=person)
 
 
 def _check_times(claims: dict[str, Any], now: float) -> None:
@@ -235,16 +255,39 @@ class ServiceTokens:
     issuer: str
     secret: str = field(repr=False)
     clock: Callable[[], float] = time.time
-    _minted: dict[str, tuple[str, float]] = field(default_factory=dict, repr=False)
+    capacity: int = 1024
+    """Tokens kept (one per audience and person acted for); when full, all go and are minted again as needed."""
+    _minted: dict[tuple[str, str | None], tuple[str, float]] = field(default_factory=dict, repr=False)
 
-    def token(self, audience: str) -> str:
+    def token(self, audience: str, person: str | None = None) -> str:
         now = self.clock()
-        minted = self._minted.get(audience)
+        minted = self._minted.get((audience, person))
         if minted is not None and minted[1] - now > REMINT_BEFORE_S:
             return minted[0]
-        token = mint_service_token(self.secret, issuer=self.issuer, audience=audience, now=now)
-        self._minted[audience] = (token, int(now) + TOKEN_TTL_S)
+        token = mint_service_token(self.secret, issuer=self.issuer, audience=audience, now=now, person=person)
+        if len(self._minted) >= self.capacity:
+            self._minted.clear()
+        self._minted[(audience, person)] = (token, int(now) + TOKEN_TTL_S)
         return token
+
+
+_acting_for: ContextVar[str | None] = ContextVar("acting_for", default=None)
+
+
+@contextlib.contextmanager
+def acting_for(person: str | None) -> Iterator[None]:
+    """Calls to our services inside carry ``person`` in their service token (``sub``, ``act`` = this service):
+    the concierge books, reads and cancels as the chat's owner, never as itself."""
+    token = _acting_for.set(person)
+    try:
+        yield
+    finally:
+        _acting_for.reset(token)
+
+
+def person_acted_for() -> str | None:
+    """The person ``acting_for`` names here, if any (what the service tokens minted now carry)."""
+    return _acting_for.get()
 
 
 class TokenVerifier:

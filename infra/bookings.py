@@ -31,6 +31,7 @@ from infra import journal
 from infra.booking_keys import BOOKINGS_TAG, booking_key, journal_key
 from infra.journal import encode_entry, instance_id
 from infra.metrics import count_cancel_request, count_final
+from infra.people import person_key
 from infra.redis import RedisScript, key, text
 from infra.settings import get_settings
 
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 PUBLIC_FIELDS: Final = (
     "booking_id",
     "status",
+    "owner",
     "city",
     "checkin",
     "checkout",
@@ -66,16 +68,20 @@ INDEX_MAX: Final = 100_000
 # Creates the record only once; a second create (a retried request, a racing replica) changes nothing. The same
 # call opens the booking's journal (``accepted``) and lists it in the index ``GET /bookings`` pages through, trimmed
 # to the journal's retention.
-# KEYS: booking, inflight, journal, index | ARGV: now, accepted entry, journal max len, ttl_s, index max, fields...
+# KEYS: booking, inflight, journal, index, owner's index | ARGV: now, accepted entry, journal max len, ttl_s, index
+# max, fields... (the owner's index is the person's own ``GET /bookings``, bounded and expiring alike)
 _CREATE = RedisScript("""
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
 redis.call('EXPIRE', KEYS[3], ARGV[4])
-redis.call('ZADD', KEYS[4], ARGV[1], ARGV[7])  -- the fields start 'booking_id', <id>
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (tonumber(ARGV[1]) - tonumber(ARGV[4])))
-redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -1 - tonumber(ARGV[5]))
+for i = 4, 5 do
+  redis.call('ZADD', KEYS[i], ARGV[1], ARGV[7])  -- the fields start 'booking_id', <id>
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. (tonumber(ARGV[1]) - tonumber(ARGV[4])))
+  redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -1 - tonumber(ARGV[5]))
+end
+redis.call('EXPIRE', KEYS[5], ARGV[4])
 return 1
 """)
 
@@ -197,15 +203,29 @@ class BookingStore:
         return key(BOOKINGS_TAG, "bookings", "created")
 
     @staticmethod
+    def owner_index_key(owner: str | None) -> str:
+        """One person's bookings by creation time: their ``GET /bookings`` (``None``: a service's own bookings)."""
+        return key(BOOKINGS_TAG, "bookings", "owner", person_key(owner) if owner is not None else "-")
+
+    @staticmethod
+    def _client_key(owner: str | None, client_key: str) -> str:
+        # keys are per person: the same key from two people is two bookings
+        return key(BOOKINGS_TAG, "booking-key", person_key(owner) if owner is not None else "-", client_key)
+
+    @staticmethod
     def _inflight_key() -> str:
         return key(BOOKINGS_TAG, "inflight")
 
     async def create(self, booking_id: str, request: Mapping[str, Any]) -> bool:
-        """Record a new booking as ``pending``, on the replicas too; False when it already exists."""
+        """Record a new booking as ``pending``, on the replicas too; False when it already exists.
+
+        ``request["owner"]``: the person it belongs to (``sub``), ``None`` for a service's own."""
         now = time.time()
+        owner = request.get("owner")
         fields: dict[str, Any] = {
             "booking_id": booking_id,
             "status": "pending",
+            "owner": owner,
             "city": request["city"],
             "checkin": request["checkin"],
             "checkout": request["checkout"],
@@ -228,7 +248,13 @@ class BookingStore:
             at=now,
         )
         args = [now, accepted, settings.journal_max_len, settings.journal_ttl_s, INDEX_MAX, *_flatten(fields)]
-        keys = [self._key(booking_id), self._inflight_key(), journal_key(booking_id), self.index_key()]
+        keys = [
+            self._key(booking_id),
+            self._inflight_key(),
+            journal_key(booking_id),
+            self.index_key(),
+            self.owner_index_key(owner),
+        ]
         # durable: the last write before the 202; replicas that have it have everything written before it too
         return bool(await _CREATE(self._redis, keys=keys, args=args, durable=True))
 
@@ -367,6 +393,11 @@ class BookingStore:
         raw = await self._redis.hgetall(self._key(booking_id))
         return _view({text(name): text(value) for name, value in raw.items()}) if raw else None
 
+    async def owner(self, booking_id: str) -> str | None:
+        """The person the booking belongs to; ``None`` when it has none (a service's own) or does not exist."""
+        raw = await self._redis.hget(self._key(booking_id), "owner")
+        return text(raw) or None if raw is not None else None
+
     async def status(self, booking_id: str) -> str | None:
         """The status alone (one field, not the whole record); ``None`` for an unknown booking."""
         status = await self._redis.hget(self._key(booking_id), "status")
@@ -416,9 +447,16 @@ class BookingStore:
                 self._finals.pop(booking_id, None)
 
     async def page(
-        self, *, status: str | None, limit: int, cursor: tuple[float, str] | None
+        self,
+        *,
+        status: str | None,
+        limit: int,
+        cursor: tuple[float, str] | None,
+        owner: str | None = None,
+        everyone: bool = True,
     ) -> tuple[list[dict[str, Any]], tuple[float, str] | None]:
         """Bookings newest first (``status`` only, when given), after ``cursor``; and the cursor of the next page.
+        ``everyone=False``: only ``owner``'s.
 
         The cursor is the last item's (creation time, id): equal times are ordered by id, so a page never repeats or
         skips one. Reads the index in chunks and each chunk's statuses in one pipeline.
@@ -428,9 +466,8 @@ class BookingStore:
         last = cursor
         chunk = max(limit, 50)
         while True:
-            raw: list[Any] = await self._redis.zrevrangebyscore(
-                self.index_key(), top, "-inf", start=0, num=chunk, withscores=True
-            )
+            index = self.index_key() if everyone else self.owner_index_key(owner)
+            raw: list[Any] = await self._redis.zrevrangebyscore(index, top, "-inf", start=0, num=chunk, withscores=True)
             items = [(text(member), float(score)) for member, score in raw]
             if last is not None:  # the cursor's own time may still hold ids after it (smaller, in reverse order)
                 items = [(bid, sc) for bid, sc in items if sc < last[0] or (sc == last[0] and bid < last[1])]
@@ -461,30 +498,34 @@ class BookingStore:
     async def in_flight(self) -> int:
         return int(await self._redis.zcard(self._inflight_key()))
 
-    async def claim_client_key(self, client_key: str, body_hash: str, booking_id: str) -> tuple[str, bool]:
-        """Bind ``client_key`` to ``booking_id`` unless it is bound already.
+    async def claim_client_key(
+        self, client_key: str, body_hash: str, booking_id: str, owner: str | None = None
+    ) -> tuple[str, bool]:
+        """Bind ``owner``'s ``client_key`` to ``booking_id`` unless it is bound already.
 
         Returns the booking id the key belongs to and whether the stored body matches this one.
         """
         stored = await _CLAIM_KEY(
             self._redis,
-            keys=[key(BOOKINGS_TAG, "booking-key", client_key)],
+            keys=[self._client_key(owner, client_key)],
             args=[f"{booking_id}:{body_hash}", self._ttl],
         )
         bound_id, _, bound_hash = text(stored).partition(":")
         return bound_id, bound_hash == body_hash
 
-    async def booking_for_key(self, client_key: str) -> str | None:
-        """The booking ``client_key`` is bound to, if any (the concierge follows the booking its key made)."""
-        stored = await self._redis.get(key(BOOKINGS_TAG, "booking-key", client_key))
+    async def booking_for_key(self, client_key: str, owner: str | None = None) -> str | None:
+        """The booking ``owner``'s ``client_key`` is bound to, if any (the concierge follows the booking its key made)."""
+        stored = await self._redis.get(self._client_key(owner, client_key))
         return None if stored is None else text(stored).partition(":")[0]
 
-    async def find_client_key(self, client_key: str, body_hash: str) -> tuple[str, bool] | None:
+    async def find_client_key(
+        self, client_key: str, body_hash: str, owner: str | None = None
+    ) -> tuple[str, bool] | None:
         """What ``claim_client_key`` would answer, without binding the key: ``None`` when it is not bound.
 
         For a door that cannot take a new booking now but still owes a retried request the booking it has.
         """
-        stored = await self._redis.get(key(BOOKINGS_TAG, "booking-key", client_key))
+        stored = await self._redis.get(self._client_key(owner, client_key))
         if stored is None:
             return None
         bound_id, _, bound_hash = text(stored).partition(":")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -26,6 +27,7 @@ from typing import Any, Final, cast
 from domain.chat import CHAT_EVENT_KINDS
 from infra.booking_keys import BOOKINGS_TAG, journal_key
 from infra.journal import encode_entry, instance_id, parse_entries
+from infra.people import person_key
 from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
 
@@ -43,6 +45,14 @@ def chat_key(chat_id: str) -> str:
 
 def _index_key() -> str:
     return key(BOOKINGS_TAG, "chats")
+
+
+def _owner_index_key(owner: str | None) -> str:
+    return key(BOOKINGS_TAG, "chats", "owner", person_key(owner) if owner is not None else "-")
+
+
+def _message_key(chat_id: str, client_key: str) -> str:
+    return key(BOOKINGS_TAG, "chat-key", chat_id, hashlib.sha256(client_key.encode()).hexdigest()[:32])
 
 
 def _token_key(chat_id: str) -> str:
@@ -91,6 +101,31 @@ return 1
 """)
 
 
+INDEX_MAX: Final = 100_000
+"""Chats kept in the ``GET /chats`` indexes (each also trimmed to the chats' retention); the oldest go first."""
+
+# KEYS: chat, index, owner's index | ARGV: now, ttl_s, index max, chat id, owner ('' none)
+_CREATE = RedisScript("""
+redis.call('HSET', KEYS[1], 'chat_id', ARGV[4], 'created_at', ARGV[1], 'messages', '[]', 'owner', ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+for i = 2, 3 do
+  redis.call('ZADD', KEYS[i], ARGV[1], ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. (tonumber(ARGV[1]) - tonumber(ARGV[2])))
+  redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -1 - tonumber(ARGV[3]))
+end
+redis.call('EXPIRE', KEYS[3], ARGV[2])
+return 1
+""")
+
+# KEYS: the message key | ARGV: text digest, ttl_s → 1 same text (or first use), 0 used with another text
+_CLAIM_MESSAGE_KEY = RedisScript("""
+local stored = redis.call('GET', KEYS[1])
+if not stored then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]); return 1 end
+if stored == ARGV[1] then return 1 end
+return 0
+""")
+
+
 class ChatStore:
     """Chat records: ``chat_id``, ``created_at``, ``messages`` (what people read: user and assistant texts),
     ``bookings`` (ids booked in it), ``last_turn`` (the last finished turn) and ``usage`` (the whole chat's)."""
@@ -101,14 +136,27 @@ class ChatStore:
         self.ttl_s = settings.journal_ttl_s
         self.token_ttl_s = max(1, round(settings.approval_ttl_s + settings.concierge_turn_budget_s))
 
-    async def create(self, chat_id: str) -> float:
+    async def create(self, chat_id: str, owner: str | None = None) -> float:
+        """A new chat of ``owner`` (the person's ``sub``; ``None``: nobody's but the operator's)."""
         now = time.time()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(chat_key(chat_id), mapping={"chat_id": chat_id, "created_at": repr(now), "messages": "[]"})
-            pipe.expire(chat_key(chat_id), self.ttl_s)
-            pipe.zadd(_index_key(), {chat_id: now})
-            await pipe.execute()
+        keys = [chat_key(chat_id), _index_key(), _owner_index_key(owner)]
+        await _CREATE(self.redis, keys=keys, args=[repr(now), self.ttl_s, INDEX_MAX, chat_id, owner or ""])
         return now
+
+    async def owner(self, chat_id: str) -> tuple[bool, str | None]:
+        """Whether the chat exists, and whose it is."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(chat_key(chat_id))
+            pipe.hget(chat_key(chat_id), "owner")
+            exists, owner = await pipe.execute()
+        return bool(exists), (text(owner) or None) if owner is not None else None
+
+    async def claim_message_key(self, chat_id: str, client_key: str, text_digest: str) -> bool:
+        """Bind the chat's ``Idempotency-Key`` to the message's text; False when it came before with another."""
+        found = await _CLAIM_MESSAGE_KEY(
+            self.redis, keys=[_message_key(chat_id, client_key)], args=[text_digest, self.ttl_s]
+        )
+        return bool(found)
 
     async def get(self, chat_id: str) -> dict[str, Any] | None:
         raw = await self.redis.hgetall(chat_key(chat_id))
@@ -117,6 +165,7 @@ class ChatStore:
         fields = {text(name): text(value) for name, value in raw.items()}
         return {
             "chat_id": fields.get("chat_id", chat_id),
+            "owner": fields.get("owner") or None,
             "created_at": float(fields.get("created_at") or 0.0),
             "messages": json.loads(fields.get("messages") or "[]"),
             "bookings": json.loads(fields.get("bookings") or "[]"),
@@ -127,12 +176,16 @@ class ChatStore:
     async def exists(self, chat_id: str) -> bool:
         return bool(await self.redis.exists(chat_key(chat_id)))
 
-    async def page(self, limit: int, before: float | None = None) -> list[tuple[str, float]]:
-        """Chat ids newest first (``before``: created strictly earlier), with their creation times."""
+    async def page(
+        self, limit: int, before: float | None = None, *, owner: str | None = None, everyone: bool = True
+    ) -> list[tuple[str, float]]:
+        """Chat ids newest first (``before``: created strictly earlier), with their creation times; every chat, or
+        (``everyone=False``) only ``owner``'s."""
         top = f"({before!r}" if before is not None else "+inf"
+        index = _index_key() if everyone else _owner_index_key(owner)
         rows = cast(
             list[tuple[Any, float]],
-            await self.redis.zrevrangebyscore(_index_key(), top, "-inf", start=0, num=limit, withscores=True),
+            await self.redis.zrevrangebyscore(index, top, "-inf", start=0, num=limit, withscores=True),
         )
         return [(text(member), float(score)) for member, score in rows]
 

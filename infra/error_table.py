@@ -36,6 +36,14 @@ from infra.llm.errors import (
     ModelRateLimitedError,
     TokenBudgetExhausted,
 )
+from infra.people import (
+    IdempotencyKeyReusedError,
+    InvalidPersonTokenError,
+    JwksUnavailableError,
+    QuotaExceededError,
+    UnauthenticatedError,
+    www_authenticate,
+)
 from infra.signals import ShuttingDownError
 from resilience.errors import (
     AttemptTimeoutError,
@@ -78,6 +86,8 @@ class ErrorAnswer:
     """More for the error body, from the exception (the circuit's name, the header at fault)."""
     wait_s: float | None = None
     """How long the exception says to wait (an open circuit knows)."""
+    challenge: str | None = None
+    """``WWW-Authenticate`` of a 401 for a person's token (RFC 6750)."""
 
     @property
     def retry_after(self) -> float | None:
@@ -119,6 +129,12 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (SkillFailure, None, False),
     (A2ASkillError, None, False),
     (InvalidStayError, ErrorCode.INVALID_REQUEST, False),
+    # people (infra.people): who is calling, and their fair share
+    (UnauthenticatedError, ErrorCode.UNAUTHENTICATED, False),
+    (InvalidPersonTokenError, ErrorCode.INVALID_TOKEN, False),
+    (JwksUnavailableError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),  # nobody's token can be checked now
+    (QuotaExceededError, ErrorCode.QUOTA_EXCEEDED, True),  # its retry_after: the Retry-After header
+    (IdempotencyKeyReusedError, ErrorCode.IDEMPOTENCY_KEY_REUSED, False),
     # the model's answers (infra.llm.errors classifies the provider's statuses into these)
     (TokenBudgetExhausted, ErrorCode.TOKEN_BUDGET_EXHAUSTED, False),
     (ModelContextTooLongError, ErrorCode.MODEL_CONTEXT_TOO_LONG, False),
@@ -174,7 +190,10 @@ def _row_answer(exc: BaseException) -> ErrorAnswer:
             message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             wait = getattr(exc, "retry_after", None)
             wait_s = float(wait) if isinstance(wait, int | float) and not isinstance(wait, bool) else None
-            return ErrorAnswer(str(answer), _status(answer), retryable, message, _fields(exc), wait_s)
+            challenge = (
+                www_authenticate(exc) if isinstance(exc, UnauthenticatedError | InvalidPersonTokenError) else None
+            )
+            return ErrorAnswer(str(answer), _status(answer), retryable, message, _fields(exc), wait_s, challenge)
     raise TypeError(f"not an Exception: {exc!r}")  # BaseException (CancelledError, KeyboardInterrupt) is never answered
 
 
@@ -258,6 +277,8 @@ def answer_response(answer: ErrorAnswer) -> tuple[int, dict[str, Any], dict[str,
     """``(status, body, headers)`` of an HTTP answer: our error body and, when there is one, ``Retry-After``."""
     retry_after = answer.retry_after
     headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else {}
+    if answer.challenge is not None:
+        headers["WWW-Authenticate"] = answer.challenge
     return answer.status, error_body(answer.code, answer.message, **answer.fields), headers
 
 

@@ -21,7 +21,7 @@ import httpx
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from infra.auth import ServiceTokens, service_tokens
+from infra.auth import ServiceTokens, person_acted_for, service_tokens
 from resilience.budget import BUDGET_HEADER, outgoing_budget_seconds
 
 _tracer = trace.get_tracer(__name__)
@@ -87,7 +87,7 @@ def _make_hook(tokens: ServiceTokens | None, audience: str | None) -> object:
         request.headers[BUDGET_HEADER] = f"{seconds:.3f}"
         request.extensions["timeout"] = httpx.Timeout(seconds).as_dict()
         if tokens is not None and audience is not None:
-            request.headers["Authorization"] = f"Bearer {tokens.token(audience)}"
+            request.headers["Authorization"] = f"Bearer {tokens.token(audience, person_acted_for())}"
 
     return add_context
 

@@ -5,20 +5,28 @@ to the configured issuer, ``aud`` containing the audience, ``exp`` required (``L
 chosen by ``kid`` from the issuer's JWKS: any OIDC provider's ``jwks_uri`` (Keycloak, Auth0, Dex), fetched once and
 fetched again on an unknown ``kid`` at most every ``REFETCH_INTERVAL_S``, or a file. ``sub`` is the person; ``act``
 (RFC 8693) names a service acting for them. ``LocalIssuer`` is a machine's own issuer: a key pair and its JWKS file
-in a directory, for ``concierge up`` and the tests.
+in a directory, for ``concierge up`` and the tests. ``PeopleGate`` turns a request's ``Authorization`` into its
+``Caller``: a person, the operator (the admin token: sees everyone's), or ``anonymous`` with ``CONCIERGE_AUTH=off``.
 
 ::
 
-    PersonAuthError
-     ├── UnauthenticatedError     no bearer token: 401 ``unauthenticated``, ``WWW-Authenticate: Bearer``
-     ├── InvalidPersonTokenError  a token was refused (.reason, never the token): 401, ``error="invalid_token"``
-     └── JwksUnavailableError     the issuer's keys could not be read (their URL or file): 503, try again
+    PeopleError
+     ├── PersonAuthError
+     │    ├── UnauthenticatedError     no bearer token: 401 ``unauthenticated``, ``WWW-Authenticate: Bearer``
+     │    ├── InvalidPersonTokenError  a token was refused (.reason, never the token): 401, ``error="invalid_token"``
+     │    └── JwksUnavailableError     the issuer's keys could not be read (their URL or file): 503, try again
+     ├── QuotaExceededError           a person used their share: 429 ``quota_exceeded``, ``Retry-After``
+     ├── IdempotencyKeyReusedError    the person's key came before with another body: 422 ``idempotency_key_reused``
+     └── PeopleConfigError            auth is on and no issuer is configured: the service does not start
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import logging
 import os
 import time
 import uuid
@@ -29,19 +37,30 @@ from typing import Any, Final
 
 import jwt
 
+from infra.settings import Settings
+
 __all__ = [
     "ALGORITHMS",
     "ANONYMOUS",
     "LEEWAY_S",
+    "LOCAL_ISSUER",
+    "OPERATOR",
     "REFETCH_INTERVAL_S",
+    "Caller",
+    "IdempotencyKeyReusedError",
     "InvalidPersonTokenError",
     "JwksSource",
     "JwksUnavailableError",
     "LocalIssuer",
+    "PeopleConfigError",
+    "PeopleError",
+    "PeopleGate",
     "Person",
     "PersonAuthError",
     "PersonVerifier",
+    "QuotaExceededError",
     "UnauthenticatedError",
+    "person_key",
     "www_authenticate",
 ]
 
@@ -55,10 +74,19 @@ JWKS_FETCH_TIMEOUT_S: Final = 5.0
 MAX_JWKS_BYTES: Final = 1_000_000
 ANONYMOUS: Final = "anonymous"
 """The person every request is with ``CONCIERGE_AUTH=off`` (tests and experiments only)."""
+OPERATOR: Final = "operator"
+"""Who presents the admin token: the operator, who sees and may act on every person's bookings and chats."""
+LOCAL_ISSUER: Final = "concierge-local"
+"""The ``iss`` of a machine's own issuer (``LocalIssuer``, made by ``concierge up``)."""
 _REQUIRED_CLAIMS: Final = ["exp", "iss", "aud", "sub"]
+logger = logging.getLogger(__name__)
 
 
-class PersonAuthError(Exception):
+class PeopleError(Exception):
+    """Who is calling, and what they may still do."""
+
+
+class PersonAuthError(PeopleError):
     """A person's credential is missing, refused, or cannot be checked now."""
 
 
@@ -76,6 +104,23 @@ class InvalidPersonTokenError(PersonAuthError):
 
 class JwksUnavailableError(PersonAuthError):
     """The issuer's keys could not be fetched or read: nobody's token can be checked now (503, not 401)."""
+
+
+class QuotaExceededError(PeopleError):
+    """A person's share is used up for now (``quota`` names which); ``retry_after`` seconds until it frees."""
+
+    def __init__(self, quota: str, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.retry_after = retry_after
+
+
+class IdempotencyKeyReusedError(PeopleError):
+    """The caller's ``Idempotency-Key`` was used before with a different body (keys are per person)."""
+
+
+class PeopleConfigError(PeopleError):
+    """``CONCIERGE_AUTH`` is on and no issuer (or none of its keys) is configured."""
 
 
 def www_authenticate(exc: PersonAuthError) -> str:
@@ -298,3 +343,78 @@ class LocalIssuer:
         if actor is not None:
             claims["act"] = {"sub": actor}
         return jwt.encode(claims, self._private, algorithm="ES256", headers={"kid": self.kid})
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a public request is from: a person, or the operator (the admin token), who sees every person's."""
+
+    person: str
+    operator: bool = False
+
+    def may_see(self, owner: str | None) -> bool:
+        """Whether a record ``owner`` made is this caller's to see (another person's answers 404, as unknown)."""
+        return self.operator or (owner is not None and owner == self.person)
+
+    @property
+    def scope(self) -> str | None:
+        """Whose records a list shows: this person's, or ``None`` (everyone's) for the operator."""
+        return None if self.operator else self.person
+
+
+class PeopleGate:
+    """The caller of a public request, from its ``Authorization`` header: the operator's admin token, a person's
+    JWT (``PersonVerifier``), or with auth off, ``anonymous`` whatever is sent."""
+
+    def __init__(self, verifier: PersonVerifier | None, admin_token: str | None) -> None:
+        self.verifier = verifier
+        self._admin = admin_token
+
+    @property
+    def enabled(self) -> bool:
+        return self.verifier is not None
+
+    async def caller(self, authorization: str | None) -> Caller:
+        """``Caller`` for the header, or a ``PersonAuthError`` (401, or 503 when the issuer's keys are unreadable)."""
+        token = _bearer(authorization)
+        if self._admin is not None and token is not None and hmac.compare_digest(token.encode(), self._admin.encode()):
+            return Caller(OPERATOR, operator=True)
+        if self.verifier is None:
+            return Caller(ANONYMOUS)
+        if authorization is not None and token is None:
+            raise InvalidPersonTokenError("not a Bearer credential")
+        person = await self.verifier.verify(token)
+        return Caller(person.sub)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PeopleGate:
+        """The gate the settings describe (``PeopleConfigError`` when auth is on and no issuer is configured)."""
+        admin = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
+        if settings.auth == "off":
+            logger.warning(
+                "CONCIERGE_AUTH=off: every request is the person %r, whoever sends it (tests and experiments only)",
+                ANONYMOUS,
+            )
+            return cls(None, admin)
+        if not settings.auth_issuer or (settings.auth_jwks_url is None) == (settings.auth_jwks_file is None):
+            raise PeopleConfigError(
+                "people's tokens cannot be checked: set CONCIERGE_AUTH_ISSUER and one of CONCIERGE_AUTH_JWKS_URL or "
+                "CONCIERGE_AUTH_JWKS_FILE (docs/deploy.md; `concierge up` makes a local issuer), or CONCIERGE_AUTH=off "
+                "for tests"
+            )
+        jwks = JwksSource(url=settings.auth_jwks_url, path=settings.auth_jwks_file)
+        verifier = PersonVerifier(issuer=settings.auth_issuer, audience=settings.auth_audience, jwks=jwks)
+        return cls(verifier, admin)
+
+
+def person_key(person: str) -> str:
+    """A person's id as a Redis key part: fixed length, whatever characters their ``sub`` holds."""
+    return hashlib.sha256(person.encode()).hexdigest()[:32]
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, credentials = header.partition(" ")
+    credentials = credentials.strip()
+    return credentials if scheme.lower() == "bearer" and credentials else None

@@ -115,6 +115,39 @@ class Settings(BaseSettings):
     service_secret: SecretStr | None = Field(None, validation_alias="CONCIERGE_SERVICE_SECRET")
     # the simulated providers' /admin routes (faults, ledgers, availability): off (404) when unset
     admin_token: SecretStr | None = Field(None, validation_alias="CONCIERGE_ADMIN_TOKEN")
+    # people (infra/people.py, docs/deploy.md): who calls the public APIs (/bookings, /chats), as a bearer JWT
+    auth: Literal["on", "off"] = Field(
+        "on",
+        validation_alias="CONCIERGE_AUTH",
+        description="off: every public request is the person `anonymous` (tests and experiments only; a WARNING).",
+    )
+    auth_issuer: str | None = Field(
+        None, validation_alias="CONCIERGE_AUTH_ISSUER", min_length=1, description="The trusted issuer: `iss` equals it."
+    )
+    auth_audience: str = Field(
+        "concierge", validation_alias="CONCIERGE_AUTH_AUDIENCE", min_length=1, description="`aud` must contain it."
+    )
+    auth_jwks_url: str | None = Field(
+        None, validation_alias="CONCIERGE_AUTH_JWKS_URL", min_length=1, description="The issuer's `jwks_uri`."
+    )
+    auth_jwks_file: Path | None = Field(
+        None, validation_alias="CONCIERGE_AUTH_JWKS_FILE", description="The issuer's JWKS as a file (a local issuer)."
+    )
+    person_requests_per_min: int | None = Field(
+        600,
+        validation_alias="PERSON_REQUESTS_PER_MIN",
+        ge=1,
+        description="Public API requests a person may make a minute.",
+    )
+    person_max_streams: int | None = Field(
+        10, validation_alias="PERSON_MAX_STREAMS", ge=1, description="Journal streams a person may have open at once."
+    )
+    person_tokens_per_day: int | None = Field(
+        200_000,
+        validation_alias="PERSON_TOKENS_PER_DAY",
+        ge=1,
+        description="Model tokens a person's chats may spend a day.",
+    )
     search_agent_url: str = Field("http://127.0.0.1:8001", validation_alias="SEARCH_AGENT_URL")
     booking_agent_url: str = Field("http://127.0.0.1:8000", validation_alias="BOOKING_AGENT_URL")
     payment_agent_url: str = Field("http://127.0.0.1:8002", validation_alias="PAYMENT_AGENT_URL")

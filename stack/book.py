@@ -39,6 +39,7 @@ from infra.settings import get_settings
 from stack.console import EXIT_FAILURE, EXIT_OK, Subparsers, one_line_errors
 from stack.errors import StackError, UsageError
 from stack.journal import STATUS_OF_STEP, describe, is_final, sse_entries, story_worthy
+from stack.people import add_user_option, person_headers
 from stack.target import adopt_stack_redis, refusal, service_urls
 
 __all__ = [
@@ -70,6 +71,7 @@ def register_book(subparsers: Subparsers) -> None:
     parser.add_argument("--hotel", default=None, metavar="ID", help="a specific hotel (default: the cheapest)")
     parser.add_argument("--url", default=None, help="booking-agent URL (default: the running stack's)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S", help="give up after S seconds")
+    add_user_option(parser)
     parser.set_defaults(handler=_book)
 
 
@@ -124,10 +126,11 @@ def booking_agent_urls(explicit: str | None) -> list[str]:
 class _Client:
     """Talks to whichever booking-agent replica answers, waiting out restarts until the deadline."""
 
-    def __init__(self, urls: list[str], deadline: float) -> None:
+    def __init__(self, urls: list[str], deadline: float, user: str | None = None) -> None:
         self.urls = urls
         self.deadline = deadline
-        self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S)
+        self.user = user
+        self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S, headers=person_headers(user))
         self.index = 0
         self._warned = False
         self.started_at = time.time()
@@ -202,7 +205,7 @@ def entry_offset(entry: dict[str, Any], started_at: float) -> float | None:
 def _book(args: argparse.Namespace) -> int:
     body = booking_body(args)
     started = time.monotonic()
-    client = _Client(booking_agent_urls(args.url), started + args.timeout)
+    client = _Client(booking_agent_urls(args.url), started + args.timeout, args.user)
     try:
         return _follow(client, body, started, args.timeout)
     finally:
@@ -350,6 +353,7 @@ def register_cancel(subparsers: Subparsers) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the booking is cancelled (exit 0 then)")
     parser.add_argument("--url", default=None, help="booking-agent URL (default: the running stack's)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds")
+    add_user_option(parser)
     parser.set_defaults(handler=_cancel)
 
 
@@ -360,7 +364,7 @@ def _cancel(args: argparse.Namespace) -> int:
     if not booking_id or len(booking_id) > 64 or not booking_id.replace("-", "").replace("_", "").isalnum():
         raise UsageError(f"not a booking id: {booking_id!r}")
     started = time.monotonic()
-    client = _Client(booking_agent_urls(args.url), started + args.timeout)
+    client = _Client(booking_agent_urls(args.url), started + args.timeout, args.user)
     try:
         try:
             response = client.http.post(f"{client.urls[0]}/bookings/{booking_id}/cancel")

@@ -17,6 +17,7 @@ from stack.book import booking_agent_urls
 from stack.console import EXIT_OK, Subparsers, one_line_errors
 from stack.errors import StackError, UsageError
 from stack.journal import describe, is_final, seconds_between
+from stack.people import add_user_option, person_headers
 
 __all__ = ["register_bookings", "register_show"]
 
@@ -27,9 +28,9 @@ def _agent_url(explicit: str | None) -> str:
     return booking_agent_urls(explicit)[0]
 
 
-def _get(url: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+def _get(url: str, user: str | None, params: Mapping[str, Any] | None = None) -> httpx.Response:
     try:
-        return httpx.get(url, params=params, timeout=REQUEST_TIMEOUT_S)
+        return httpx.get(url, params=params, timeout=REQUEST_TIMEOUT_S, headers=person_headers(user))
     except httpx.HTTPError as exc:
         raise StackError(f"booking-agent unreachable at {url} ({type(exc).__name__}): is the stack running?") from None
 
@@ -54,13 +55,14 @@ def register_show(subparsers: Subparsers) -> None:
     parser.add_argument("booking_id")
     parser.add_argument("--json", action="store_true", help="the journal entries as JSON")
     parser.add_argument("--url", default=None, help="booking-agent URL (default: the running stack's)")
+    add_user_option(parser)
     parser.set_defaults(handler=_show)
 
 
 @one_line_errors("show")
 def _show(args: argparse.Namespace) -> int:
     url = _agent_url(args.url)
-    response = _get(f"{url}/bookings/{args.booking_id}/events")
+    response = _get(f"{url}/bookings/{args.booking_id}/events", args.user)
     if response.status_code == 404:
         raise StackError(f"no booking {args.booking_id}")
     if response.status_code == 422:
@@ -90,6 +92,7 @@ def register_bookings(subparsers: Subparsers) -> None:
     parser.add_argument("--limit", default="20", metavar="N", help="at most N (1-200, default 20)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--url", default=None, help="booking-agent URL (default: the running stack's)")
+    add_user_option(parser)
     parser.set_defaults(handler=_bookings)
 
 
@@ -107,7 +110,7 @@ def _bookings(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"limit": limit}
     if args.status is not None:
         params["status"] = args.status
-    response = _get(f"{_agent_url(args.url)}/bookings", params)
+    response = _get(f"{_agent_url(args.url)}/bookings", args.user, params)
     if response.status_code != 200:
         raise StackError(f"could not list bookings: {_detail(response)}")
     bookings: list[dict[str, Any]] = response.json()["bookings"]

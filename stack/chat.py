@@ -31,6 +31,7 @@ from stack.book import booking_agent_urls
 from stack.console import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Subparsers, one_line_errors
 from stack.errors import StackError, UsageError
 from stack.journal import STATUS_OF_STEP, describe, sse_entries, story_worthy
+from stack.people import add_user_option, person_headers
 from stack.target import refusal, service_urls
 
 __all__ = [
@@ -107,6 +108,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--url", default=None, help="concierge-agent URL (default: the running stack's)")
     parser.add_argument("--timeout", type=float, default=180.0, metavar="S", help="give up on a turn after S seconds")
+    add_user_option(parser)
 
 
 def check_text(text: str) -> str:
@@ -139,10 +141,11 @@ def concierge_agent_urls(explicit: str | None) -> list[str]:
 class ChatClient:
     """concierge-agent over HTTP, whichever replica answers; a restart is waited out until the deadline."""
 
-    def __init__(self, urls: list[str], timeout_s: float) -> None:
+    def __init__(self, urls: list[str], timeout_s: float, user: str | None = None) -> None:
         self.urls = urls
         self.timeout_s = timeout_s
-        self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S)
+        self.headers = person_headers(user)
+        self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S, headers=self.headers)
         self.index = 0
         self.deadline = time.monotonic() + timeout_s
 
@@ -463,7 +466,7 @@ def run_turn(
     return TurnOutcome(
         str(last.get("outcome", "failed")),
         error=last.get("error"),
-        bookings=[_booking(b) for b in made],
+        bookings=[_booking(b, client.headers) for b in made],
     )
 
 
@@ -479,12 +482,12 @@ def _parked(client: ChatClient, chat_id: str, approval: Mapping[str, Any]) -> Ma
     raise StackError(f"the turn did not stop for approval {approval.get('approval_id')} in {client.timeout_s:g}s")
 
 
-def _booking(booking_id: str) -> dict[str, Any]:
+def _booking(booking_id: str, headers: Mapping[str, str]) -> dict[str, Any]:
     """The booking as booking-agent has it, once final (concierge-agent lists its id only)."""
     deadline = time.monotonic() + BOOKING_WAIT_S
     urls = booking_agent_urls(None)
     index = 0
-    with httpx.Client(timeout=REQUEST_TIMEOUT_S + 10) as http:
+    with httpx.Client(timeout=REQUEST_TIMEOUT_S + 10, headers=headers) as http:
         while True:
             try:
                 response = http.get(f"{urls[index % len(urls)]}/bookings/{booking_id}", params={"wait": 10})
@@ -529,7 +532,7 @@ def _ask(args: argparse.Namespace) -> int:
     text = check_text(args.text)
     chat_id = _check_chat_id(args.chat)
     token = _check_token(args.payment_token)
-    client = ChatClient(concierge_agent_urls(args.url), args.timeout)
+    client = ChatClient(concierge_agent_urls(args.url), args.timeout, args.user)
     printer = Printer(sys.stdout)
     try:
         if chat_id is None:
@@ -569,7 +572,7 @@ def _read(prompt: str) -> str | None:
 def _chat(args: argparse.Namespace) -> int:
     chat_id = _check_chat_id(args.chat)
     token = _check_token(args.payment_token)
-    client = ChatClient(concierge_agent_urls(args.url), args.timeout)
+    client = ChatClient(concierge_agent_urls(args.url), args.timeout, args.user)
     printer = Printer(sys.stdout, prefix="concierge> ")
     ended_pending = False
 

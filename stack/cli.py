@@ -28,6 +28,7 @@ from stack.demo import register_demo
 from stack.dlq import register_dlq, register_recovery
 from stack.down import register_down
 from stack.ops import register_fault, register_kill, register_start, register_stop
+from stack.people import register_issuer, register_token
 from stack.services import SERVICES, UnknownServiceError, get_service
 from stack.status import register_status
 from stack.up import register_up
@@ -123,6 +124,8 @@ COMMANDS: list[Registrar] = [
     register_chat,
     register_show,
     register_bookings,
+    register_token,
+    register_issuer,
     register_kill,
     register_stop,
     register_start,

@@ -124,7 +124,9 @@ def wait_for_booking_status(status: BookingStatus, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     urls = booking_agent_urls(None)
     last = "no booking-agent answered"
-    with httpx.Client(timeout=_WHEN_REQUEST_TIMEOUT_S) as http:
+    token = admin_token(explicit_url=False)  # the operator's view: every person's bookings
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(timeout=_WHEN_REQUEST_TIMEOUT_S, headers=headers) as http:
         while True:
             for url in urls:
                 try:

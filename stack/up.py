@@ -42,6 +42,7 @@ from stack.control import supervisor_running
 from stack.errors import PortInUseError, StackAlreadyRunningError, StartupError
 from stack.layout import Front, Instance, parse_assignments, plan_fronts, plan_instances
 from stack.logstream import last_line
+from stack.people import local_issuer
 from stack.redis_server import plan_redis, redact
 from stack.state import StackPaths, StackSecrets, is_stack_process, pid_alive, read_state
 from stack.supervisor import DEFAULT_GRACE_S, DEFAULT_READY_TIMEOUT_S, Supervisor, SupervisorConfig
@@ -151,7 +152,7 @@ async def _config(
         instances=instances,
         redis=redis,
         command=concierge_command(),
-        base_env=dict(os.environ),
+        base_env=_with_people(dict(os.environ)),
         host=args.host,
         grace_s=args.grace,
         ready_timeout_s=args.timeout,
@@ -160,6 +161,19 @@ async def _config(
         secrets=StackSecrets.from_env_or_new(os.environ),
         fronts=fronts,
     )
+
+
+def _with_people(env: dict[str, str]) -> dict[str, str]:
+    """The services trust this machine's local issuer (made once, in the data directory), unless the environment
+    names an issuer of its own (a real OIDC provider) or turns people off (``CONCIERGE_AUTH=off``, passed through)."""
+    if env.get("CONCIERGE_AUTH") == "off" or env.get("CONCIERGE_AUTH_ISSUER"):
+        return env
+    issuer = local_issuer(create=True)
+    assert issuer is not None
+    return env | {
+        "CONCIERGE_AUTH_ISSUER": issuer.issuer,
+        "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path.resolve()),
+    }
 
 
 def _check_leftovers(paths: StackPaths) -> None:

@@ -5,6 +5,9 @@ Postgres: a fresh database per test on ``TEST_DATABASE_URL`` (default: the local
 Under ``CI=true`` a missing Redis or Postgres fails the test; locally it skips with the reason.
 ``settings_env`` also gives a service started in process (or by ``tests.procs``) the test deployment's secrets:
 ``TEST_SERVICE_SECRET`` and ``TEST_ADMIN_TOKEN``.
+
+People: the suite runs with ``CONCIERGE_AUTH=off`` unless a test turns it on (``tests.people``: a local issuer, two
+people and an outsider), so every service and ``concierge up`` a test starts takes requests as ``anonymous``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from infra.settings import get_settings
 from tests.procs import free_port
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+os.environ.setdefault("CONCIERGE_AUTH", "off")
 TEST_SERVICE_SECRET = "test-service-secret-" + "0123456789abcdef" * 2
 TEST_ADMIN_TOKEN = "test-admin-token"
 

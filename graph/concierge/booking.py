@@ -20,6 +20,7 @@ from graph.concierge.context import ConciergeDeps
 from graph.concierge.state import Approval, Done, Pending
 from graph.concierge.views import booking_view, third_party_text, tool_error
 from graph.outages import raise_if_waited_out
+from infra.auth import person_acted_for
 from infra.error_table import answer_for
 from infra.journal import is_final, read_journal
 from resilience import policy_for
@@ -140,8 +141,9 @@ async def cancel(deps: ConciergeDeps, chat_id: str, pending: Pending) -> Done:
 async def _relay(deps: ConciergeDeps, chat_id: str, client_key: str) -> None:
     """While booking-agent works: find the booking its key made, then relay its journal entries as they come."""
     booking_id: str | None = None
+    owner = person_acted_for()  # this task was started inside the book step's ``acting_for``: the chat's owner
     while booking_id is None:
-        booking_id = await deps.bookings.booking_for_key(client_key)
+        booking_id = await deps.bookings.booking_for_key(client_key, owner)
         if booking_id is None:
             await asyncio.sleep(RELAY_POLL_S)
     await _accepted(deps, chat_id, booking_id)

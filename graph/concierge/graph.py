@@ -41,6 +41,7 @@ from graph.concierge.tools import TOOLS, Tool, ToolContext, answer_error, repeat
 from graph.concierge.views import tool_error
 from graph.idempotency import idempotent_node
 from graph.tracing import traced_node
+from infra.auth import acting_for
 from infra.error_table import answer_for
 from infra.llm import Budget, ModelError, Usage
 from infra.settings import get_settings
@@ -134,48 +135,51 @@ async def tools(state: ConciergeState, config: RunnableConfig, *, deps: Concierg
     contents = {m.tool_call_id: str(m.content) for m in state.get("messages") or [] if isinstance(m, ToolMessage)}
     seen = dict(state.get("answered_calls") or {})
     repeated: set[str] = set()
-    recorded = (await deps.chats.get(chat_id) or {}).get("bookings") or []
-    context = ToolContext(deps, chat_id, frozenset([*bookings, *recorded]))
-    pending: Pending | None = None
-    for bad in message.invalid_tool_calls:
-        call_id = str(bad.get("id") or "")
-        if call_id not in answered:
-            await note_call(deps.feed, chat_id, turn_id, call_id, str(bad.get("name") or ""), {"raw": bad.get("args")})
-            why = f"arguments: not valid JSON ({bad.get('error') or 'unparsable'})"
-            results.append(tool_result(call_id, tool_error(why)))
-    for call in message.tool_calls:
-        call_id, name = str(call["id"]), call["name"]
-        if call_id in answered:
-            continue
-        await note_call(deps.feed, chat_id, turn_id, call_id, name, call["args"])
-        key: str | None = None  # a read's call key, remembered once it succeeds
-        try:
-            tool = tool_named(name)
-            args = tool.validate(call["args"])
-            key = tool.call_key(args) if tool.answers_repeats else None
-            earlier = seen.get(key) if key is not None else None
-            if earlier is not None and earlier in contents:
-                content = repeat_answer(name, contents[earlier])  # not run again: no peer is asked
-                repeated.add(call_id)
-                key = None
-            elif tool.approval is not None:
-                pending = await _ask(deps, state, context, tool, call_id, args)
-                break  # the calls after this one wait for its decision
-            else:
-                assert tool.run is not None
-                content = await tool.run(context, args)
-        except InvalidToolCallError as exc:
-            content = answer_error(exc)
-        except Exception as exc:
-            answer = answer_for(exc)
-            if answer.code in (ErrorCode.INTERNAL, ErrorCode.DEPENDENCY_UNAVAILABLE):
-                raise  # our own stores: the run pauses and the step runs again
-            content = tool_error(answer.message, answer.code)
-        result = tool_result(call_id, content)
-        results.append(result)
-        contents[call_id] = content
-        if key is not None and result.status == "success":
-            seen[key] = call_id
+    chat = await deps.chats.get(chat_id) or {}
+    context = ToolContext(deps, chat_id, frozenset([*bookings, *(chat.get("bookings") or [])]))
+    with acting_for(chat.get("owner")):  # booking-agent sees the chat's owner, never the concierge itself
+        pending: Pending | None = None
+        for bad in message.invalid_tool_calls:
+            call_id = str(bad.get("id") or "")
+            if call_id not in answered:
+                await note_call(
+                    deps.feed, chat_id, turn_id, call_id, str(bad.get("name") or ""), {"raw": bad.get("args")}
+                )
+                why = f"arguments: not valid JSON ({bad.get('error') or 'unparsable'})"
+                results.append(tool_result(call_id, tool_error(why)))
+        for call in message.tool_calls:
+            call_id, name = str(call["id"]), call["name"]
+            if call_id in answered:
+                continue
+            await note_call(deps.feed, chat_id, turn_id, call_id, name, call["args"])
+            key: str | None = None  # a read's call key, remembered once it succeeds
+            try:
+                tool = tool_named(name)
+                args = tool.validate(call["args"])
+                key = tool.call_key(args) if tool.answers_repeats else None
+                earlier = seen.get(key) if key is not None else None
+                if earlier is not None and earlier in contents:
+                    content = repeat_answer(name, contents[earlier])  # not run again: no peer is asked
+                    repeated.add(call_id)
+                    key = None
+                elif tool.approval is not None:
+                    pending = await _ask(deps, state, context, tool, call_id, args)
+                    break  # the calls after this one wait for its decision
+                else:
+                    assert tool.run is not None
+                    content = await tool.run(context, args)
+            except InvalidToolCallError as exc:
+                content = answer_error(exc)
+            except Exception as exc:
+                answer = answer_for(exc)
+                if answer.code in (ErrorCode.INTERNAL, ErrorCode.DEPENDENCY_UNAVAILABLE):
+                    raise  # our own stores: the run pauses and the step runs again
+                content = tool_error(answer.message, answer.code)
+            result = tool_result(call_id, content)
+            results.append(result)
+            contents[call_id] = content
+            if key is not None and result.status == "success":
+                seen[key] = call_id
     for result in results:
         await note_result(deps.feed, chat_id, turn_id, result, repeated=result.tool_call_id in repeated)
     return {"messages": results, "pending": pending, "done": None, "bookings": bookings, "answered_calls": seen}
@@ -239,7 +243,9 @@ async def book(state: ConciergeState, config: RunnableConfig, *, deps: Concierge
     else:
         approved = tool_named(pending.get("tool") or BOOK_HOTEL).approval
         assert approved is not None
-        done = await approved.effect(deps, state["chat_id"], pending)
+        _, owner = await deps.chats.owner(state["chat_id"])
+        with acting_for(owner):  # for the chat's owner, also when the recovery worker resumes the turn
+            done = await approved.effect(deps, state["chat_id"], pending)
     return {"done": done, "pending": None, "decision": None}
 
 

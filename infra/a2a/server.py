@@ -101,6 +101,14 @@ SkillHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 _caller: ContextVar[str | None] = ContextVar("a2a_caller", default=None)
 
 
+_person: ContextVar[str | None] = ContextVar("a2a_person", default=None)
+
+
+def current_person() -> str | None:
+    """The person the verified caller acts for (its token's ``sub``, RFC 8693 ``act``), or ``None``."""
+    return _person.get()
+
+
 def current_caller() -> str | None:
     """The service calling the skill that is running now (verified), ``None`` outside a skill."""
     return _caller.get()
@@ -527,11 +535,13 @@ def _guarded(
         if not trace.get_current_span().get_span_context().is_valid:
             token = otel_context.attach(propagate.extract(request.headers))
         caller = _caller.set(claims.issuer)
+        person = _person.set(claims.person)
         try:
             with budget_scope(seconds):
                 return await endpoint(request)
         finally:
             _caller.reset(caller)
+            _person.reset(person)
             if token is not None:
                 otel_context.detach(token)
 

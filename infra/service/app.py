@@ -37,6 +37,8 @@ from infra.gc_tuning import service_gc
 from infra.journal import JournalWriter, install_writer, resilience_hook
 from infra.journal import flush as journal_flush
 from infra.metrics import install_resilience_metrics, llm_metrics, story_metrics
+from infra.people import PeopleConfigError, PeopleGate
+from infra.quotas import PersonQuotas
 from infra.redis import create_redis
 from infra.service.health import READY_CHECK_TIMEOUT_S, ReadyCheck, install_health_routes
 from infra.service.logs import configure_logging
@@ -176,6 +178,7 @@ def create_service_app(
     ready_checks: Mapping[str, ReadyCheck] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     ready_timeout_s: float = READY_CHECK_TIMEOUT_S,
+    people: bool = False,
     **fastapi_kwargs: Any,
 ) -> FastAPI:
     """A FastAPI app with the shell described in the module docstring.
@@ -183,6 +186,8 @@ def create_service_app(
     ``lifespan(app)`` runs inside the shell's lifespan (Redis, telemetry and budget defaults are ready).
     ``ready_checks`` are awaited by ``/health/ready`` next to a Redis PING, concurrently, each bounded by
     ``ready_timeout_s``; a check is failing when it raises, times out or returns ``False``.
+    ``people``: the service has public routes for people (``infra.service.people.Who``): its gate (who is
+    calling, from ``CONCIERGE_AUTH*``; it does not start when auth is on without an issuer) and their quotas.
     ``fastapi_kwargs`` go to ``FastAPI(...)`` (title, version...).
     """
     checks = dict(ready_checks or {})
@@ -196,6 +201,13 @@ def create_service_app(
         except MissingSecretError as exc:
             logger.error("%s cannot start: %s", service_name, exc)
             raise
+        if people:
+            try:
+                app.state.people = PeopleGate.from_settings(settings)
+            except PeopleConfigError as exc:
+                logger.error("%s cannot start: %s", service_name, exc)
+                identity.restore()
+                raise
         configure_telemetry(service_name)
         budget_defaults = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
         install_resilience_metrics()
@@ -205,6 +217,9 @@ def create_service_app(
         app.state.service = ServiceInfo(service_name, _instance_id(), time.monotonic())
         redis = create_redis(settings.redis_url)
         app.state.redis = redis
+        app.state.quotas = PersonQuotas(
+            redis, requests_per_min=settings.person_requests_per_min, max_streams=settings.person_max_streams
+        )
         vitals = app.state.vitals = Vitals(redis)
         previous_writer = install_writer(JournalWriter(redis, app.state.service.instance_id))
         add_hook(resilience_hook)

@@ -1,0 +1,132 @@
+"""People at the command line: ``concierge token`` and ``concierge issuer``, and the bearer token every person's
+command sends (``book``, ``ask``, ``chat``, ``show``, ``cancel``, ``bookings``).
+
+A command acts as ``--user NAME`` (default ``$CONCIERGE_USER``, else ``me``) and mints that person's token from the
+machine's local issuer (``concierge up`` makes it in its data directory; ``$CONCIERGE_AUTH_ISSUER_DIR`` names another),
+so the README's commands stay short. ``$CONCIERGE_TOKEN`` (a token from a real OIDC provider) wins over minting.
+
+    concierge token [--user NAME] [--ttl S]   print a person's token (for curl: -H "Authorization: Bearer ...")
+    concierge issuer [--dir D]                 make (or keep) a local issuer; print the services' settings for it
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra.people import LOCAL_ISSUER, LocalIssuer
+from infra.settings import get_settings
+from stack.console import EXIT_OK, one_line_errors
+from stack.errors import StackError, UsageError
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    Subparsers = argparse._SubParsersAction
+
+__all__ = [
+    "DEFAULT_USER",
+    "TOKEN_TTL_S",
+    "add_user_option",
+    "issuer_dir",
+    "local_issuer",
+    "person_headers",
+    "person_token",
+    "register_issuer",
+    "register_token",
+]
+
+DEFAULT_USER = "me"
+TOKEN_TTL_S = 3600.0
+"""A minted token's life when ``--ttl`` is not given: an hour."""
+MAX_TTL_S = 7 * 24 * 3600.0
+
+
+def issuer_dir() -> Path:
+    """Where the local issuer's key pair lives: ``$CONCIERGE_AUTH_ISSUER_DIR``, else ``<data dir>/issuer``."""
+    named = os.environ.get("CONCIERGE_AUTH_ISSUER_DIR")
+    return Path(named) if named else get_settings().data_dir / "issuer"
+
+
+def local_issuer(*, create: bool = False, directory: Path | None = None) -> LocalIssuer | None:
+    """The machine's issuer (made when ``create``), or ``None`` when there is none and none is to be made."""
+    where = directory or issuer_dir()
+    if not create and not (where / LocalIssuer.KEY_FILE).exists():
+        return None
+    return LocalIssuer(where, LOCAL_ISSUER)
+
+
+def default_user() -> str:
+    return os.environ.get("CONCIERGE_USER") or DEFAULT_USER
+
+
+def person_token(user: str | None = None, ttl_s: float = TOKEN_TTL_S) -> str | None:
+    """``$CONCIERGE_TOKEN``, else a token for ``user`` from the local issuer, else ``None`` (the services then
+    answer 401 unless they run with ``CONCIERGE_AUTH=off``)."""
+    given = os.environ.get("CONCIERGE_TOKEN")
+    if given:
+        return given
+    issuer = local_issuer()
+    if issuer is None:
+        return None
+    return issuer.mint(user or default_user(), audience=get_settings().auth_audience, ttl_s=ttl_s)
+
+
+def person_headers(user: str | None = None) -> dict[str, str]:
+    """``Authorization: Bearer`` of ``user`` for a person's request (empty when there is no token to send)."""
+    token = person_token(user)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def add_user_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--user",
+        default=None,
+        metavar="NAME",
+        help=f"act as this person (default: $CONCIERGE_USER, else {DEFAULT_USER!r}); their token is minted here",
+    )
+
+
+def register_token(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("token", help="print a person's bearer token (from the local issuer)")
+    add_user_option(parser)
+    parser.add_argument("--ttl", default=None, metavar="S", help=f"seconds it lives (default {TOKEN_TTL_S:g})")
+    parser.set_defaults(handler=_token)
+
+
+@one_line_errors("token")
+def _token(args: argparse.Namespace) -> int:
+    ttl = TOKEN_TTL_S
+    if args.ttl is not None:
+        try:
+            ttl = float(args.ttl)
+        except ValueError:
+            raise UsageError(f"--ttl must be a number of seconds, got {args.ttl!r}") from None
+        if not 1 <= ttl <= MAX_TTL_S:
+            raise UsageError(f"--ttl must be between 1 and {MAX_TTL_S:g} seconds, got {args.ttl}")
+    user = args.user if args.user is not None else default_user()
+    if not user.strip() or len(user) > 255:
+        raise UsageError("--user must be a name of 1 to 255 characters")
+    issuer = local_issuer()
+    if issuer is None:
+        raise StackError(f"no local issuer in {issuer_dir()}: run `concierge up` (or `concierge issuer`) first")
+    print(issuer.mint(user, audience=get_settings().auth_audience, ttl_s=ttl))
+    return EXIT_OK
+
+
+def register_issuer(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("issuer", help="make (or keep) this machine's token issuer; print its settings")
+    parser.add_argument("--dir", default=None, help="where its key pair lives (default: <data dir>/issuer)")
+    parser.set_defaults(handler=_issuer)
+
+
+@one_line_errors("issuer")
+def _issuer(args: argparse.Namespace) -> int:
+    directory = Path(args.dir) if args.dir else issuer_dir()
+    issuer = local_issuer(create=True, directory=directory)
+    assert issuer is not None
+    print(f"CONCIERGE_AUTH_ISSUER={issuer.issuer}")
+    print(f"CONCIERGE_AUTH_JWKS_FILE={issuer.jwks_path.resolve()}")
+    return EXIT_OK
