@@ -51,6 +51,13 @@ from infra.llm import (
     ModelUnavailableError,
     TokenBudgetExhausted,
 )
+from infra.people import (
+    IdempotencyKeyReusedError,
+    InvalidPersonTokenError,
+    JwksUnavailableError,
+    QuotaExceededError,
+    UnauthenticatedError,
+)
 from infra.signals import ShuttingDownError
 from resilience import (
     AttemptTimeoutError,
@@ -103,6 +110,12 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (TurnInProgressError("a turn runs"), "turn_in_progress", 409, False),
     (ApprovalPendingError("an approval waits"), "approval_pending", 409, False),
     (ApprovalExpiredError("too late"), "approval_expired", 409, False),
+    # people: who is calling, and their share
+    (UnauthenticatedError("no bearer token"), "unauthenticated", 401, False),
+    (InvalidPersonTokenError("exp: expired"), "invalid_token", 401, False),
+    (JwksUnavailableError("the issuer's keys could not be read"), "dependency_unavailable", 503, True),
+    (QuotaExceededError("requests", "too many", 12.0), "quota_exceeded", 429, True),
+    (IdempotencyKeyReusedError("Idempotency-Key: used before"), "idempotency_key_reused", 422, False),
     (InvalidBudgetHeaderError("X-Timeout-Budget must be a number", "X-Timeout-Budget"), "invalid_header", 400, False),
     (NoAvailabilityError("full", provider="hotel-api", status_code=409), "no_availability", 409, False),
     (PaymentDeclinedError("declined", provider="payment-api", status_code=402), "payment_declined", 402, False),
@@ -292,3 +305,14 @@ def test_no_second_exception_to_code_mapping_in_the_code() -> None:
         if path.name != "error_table.py" and _SECOND_MAPPING.search(path.read_text())
     ]
     assert offenders == []
+
+
+def test_a_refused_person_is_challenged_as_rfc_6750_says() -> None:
+    from infra.error_table import answer_response
+
+    _, body, headers = answer_response(answer_for(UnauthenticatedError("no bearer token")))
+    assert headers["WWW-Authenticate"] == "Bearer" and body["error"]["code"] == "unauthenticated"
+    _, _, headers = answer_response(answer_for(InvalidPersonTokenError("aud: not for this service")))
+    assert headers["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+    _, _, headers = answer_response(answer_for(QuotaExceededError("requests", "too many", 12.0)))
+    assert headers == {"Retry-After": "12"}
