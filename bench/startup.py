@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from bench._stack import _delete_prefixed_keys, machine, write_results
+from infra.people import LOCAL_ISSUER, LocalIssuer
 from stack.services import SERVICES
 from tests.procs import HOST, concierge_command, free_port
 
@@ -118,7 +119,10 @@ def _time_up(env: Mapping[str, str], data_dir: Path, log: Path) -> float:
 def _env(workdir: Path, redis_url: str, prefix: str) -> dict[str, str]:
     """What ``concierge serve`` needs (a secret, Redis, a data directory), nothing else of a developer's."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("CONCIERGE_", "DATABASE_URL"))}
+    issuer = LocalIssuer(workdir / "issuer", LOCAL_ISSUER)  # people's tokens checked as `concierge up` has them
     return keep | {
+        "CONCIERGE_AUTH_ISSUER": issuer.issuer,
+        "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path),
         "REDIS_URL": redis_url,
         "CONCIERGE_KEY_PREFIX": prefix,
         "CONCIERGE_SERVICE_SECRET": secrets.token_hex(32),

@@ -520,7 +520,10 @@ def _is_final(data: str) -> bool:
 def create_app(paths: StackPaths | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with httpx.AsyncClient(timeout=RELAY_TIMEOUT_S) as http:
+        # the operator's page: it reads and acts with the admin token, so it sees every person's bookings and chats
+        token = admin_token()
+        operator = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(timeout=RELAY_TIMEOUT_S, headers=operator) as http:
             app.state.watcher = Watcher(http, paths or stack_paths())
             app.state.chaos = ChaosRunner()
             app.state.demo = DemoRunner()
