@@ -36,10 +36,12 @@ COPY resilience ./resilience
 RUN pip install --no-deps --no-build-isolation . \
     && pip check \
     && rm -rf build *.egg-info \
-    && mkdir -p /app/.concierge \
-    && chown -R concierge:concierge /app/.concierge
+    && mkdir -p /app/.concierge /issuer \
+    && chown -R concierge:concierge /app/.concierge /issuer
 
-# The only place the service writes (SQLite checkpoints when DATABASE_URL is unset, `concierge` CLI state).
+# The only places the service writes: CONCIERGE_DATA_DIR (SQLite checkpoints when DATABASE_URL is unset, `concierge`
+# CLI state) and /issuer, where docker-compose.yml mounts the local people's issuer (a new volume takes the owner of
+# the image's directory, so the non-root `issuer` service can write its key pair there).
 ENV CONCIERGE_DATA_DIR=/app/.concierge
 
 USER concierge

@@ -371,6 +371,13 @@ class Settings(BaseSettings):
         # ValueError → a settings error naming CONCIERGE_ALLOWED_HOSTS
         return parse_allowed_hosts(value) if isinstance(value, str) else value
 
+    @field_validator("auth_issuer", "auth_jwks_url", "auth_jwks_file", mode="before")
+    @classmethod
+    def _auth_unset_when_empty(cls, value: object) -> object:
+        # an empty CONCIERGE_AUTH_ISSUER / _JWKS_URL / _JWKS_FILE is unset, as docker-compose.yml passes them
+        # (${CONCIERGE_AUTH_JWKS_URL:-}); an empty path would otherwise be "." and an empty URL a validation error
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str) -> str:

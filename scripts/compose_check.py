@@ -12,6 +12,10 @@ Steps (any failure fails the check with its reason; the stack is torn down whate
    which is then checked against the containers' own start times.
 3. configuration: every variable the compose file gives the application is one it reads (a misspelt name would
    fall back to a default without a word).
+   People: the one-shot ``issuer`` service made the local issuer into its volume and exited 0 before booking-agent
+   and concierge-agent started; a person's token comes from ``concierge token --user compose-check`` in
+   booking-agent's container, and every request to /bookings below sends it. Without a token: 401
+   ``unauthenticated`` with ``WWW-Authenticate: Bearer``; another person's token: 404 for this person's booking.
 4. kill: a booking held in ``paying``; ``kill -s KILL`` of booking-agent's PID 1 from the host; ``restart:
    unless-stopped`` brings the container back, the booking ends ``confirmed``, the ledgers hold one reservation
    and one charge for it, and the recovery worker counts one recovery.
@@ -95,6 +99,9 @@ STOP_PAYMENT_LATENCY_S = 8.0
 IN_FLIGHT_S = 1.0
 STARTUP_TIMEOUT_S = 240.0
 BOOKING_TIMEOUT_S = 90.0
+PERSON = "compose-check"  # whose bookings the check makes over HTTP (a token from the stack's own issuer)
+ANOTHER_PERSON = "someone-else"
+ISSUER_SERVICE = "issuer"  # docker-compose.yml's one-shot: the local people's issuer into the volume `issuer`
 APP_SERVICES = (
     "hotel-api",
     "payment-api",
@@ -190,6 +197,23 @@ def http(method: str, url: str, *, body: Any = None, token: str | None = None, t
     with urllib.request.urlopen(request, timeout=timeout) as response:
         raw = response.read()
     return json.loads(raw) if raw else None
+
+
+def http_answer(method: str, url: str, *, token: str | None = None, timeout: float = 10) -> tuple[int, Any, Any]:
+    """``(status, headers, body)`` of a request whatever its status (``http`` raises on 4xx/5xx)."""
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, method=method, headers=_auth(token)), timeout=timeout
+        ) as r:
+            raw = r.read()
+            return r.status, r.headers, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, exc.headers, json.loads(raw) if raw else None
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
 
 
 def http_retrying(method: str, url: str, deadline: float, **kwargs: Any) -> Any:
@@ -540,7 +564,10 @@ class Podman(Engine):
 
     def up(self, config: dict[str, Any]) -> dict[str, float]:
         services: dict[str, Any] = config["services"]
-        self.compose("up", "--no-start", timeout=600)
+        # --no-deps: no `podman create --requires` for depends_on (this check gates each start itself, as Docker
+        # does). With it, podman's restart policy would not restart booking-agent after the kill while its one-shot
+        # dependency `issuer` is exited, and every start would run the one-shot again.
+        self.compose("up", "--no-start", "--no-deps", timeout=600)
         containers = self.remember_containers()
         missing = set(services) - set(containers)
         if missing:
@@ -575,7 +602,7 @@ class Podman(Engine):
         if any(thread.is_alive() for thread in threads):
             raise CheckFailed(f"the stack did not come up within {STARTUP_TIMEOUT_S:.0f}s")
         for service in services:
-            if services[service].get("healthcheck"):
+            if service in self.prober.intervals:  # a healthcheck that is not disabled (the one-shot issuer's is)
                 self._wait_condition("the check", service, "service_healthy")
         return dict(self.prober.first_healthy)
 
@@ -770,6 +797,7 @@ class Check:
     timings: dict[str, float] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     booked: list[str] = field(default_factory=list)
+    token: str | None = None  # PERSON's bearer token, once the stack is up
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -784,7 +812,7 @@ class Check:
     def up(self) -> None:
         self.config = self.engine.config()
         services = self.config["services"]
-        expected = {"redis", "postgres", *APP_SERVICES}
+        expected = {"redis", "postgres", ISSUER_SERVICE, *APP_SERVICES}
         if set(services) != expected and not (isinstance(self.engine, Docker) and set(services) >= expected):
             raise CheckFailed(f"compose config has services {sorted(services)}, expected {sorted(expected)}")
         first_healthy = self.engine.up(self.config)
@@ -792,11 +820,21 @@ class Check:
 
     def check_start_order(self, first_healthy: dict[str, float]) -> None:
         """``service_healthy`` gated the start: each container started after each such dependency's first passing
-        probe (times from the engine: StartedAt; the first probe that passed)."""
-        checked = 0
+        probe (times from the engine: StartedAt; the first probe that passed); ``service_completed_successfully``
+        after the one-shot's FinishedAt."""
+        checked = completed = 0
         for service, spec in self.config["services"].items():
             started = parse_time(self.engine.inspect(service)["State"]["StartedAt"])
             for dependency, rule in (spec.get("depends_on") or {}).items():
+                if rule.get("condition") == "service_completed_successfully" and dependency in self.config["services"]:
+                    finished = parse_time(self.engine.inspect(dependency)["State"]["FinishedAt"])
+                    if started < finished:
+                        raise CheckFailed(
+                            f"{service} started {finished - started:.1f}s before {dependency} finished: "
+                            "service_completed_successfully did not gate the start"
+                        )
+                    completed += 1
+                    continue
                 if rule.get("condition") != "service_healthy" or dependency not in first_healthy:
                     continue
                 if started < first_healthy[dependency]:
@@ -807,7 +845,10 @@ class Check:
                 checked += 1
         if checked == 0:
             raise CheckFailed("no service_healthy dependency could be checked")
-        log(f"start order: {checked} service_healthy dependencies started after their dependency's first healthy probe")
+        log(
+            f"start order: {checked} service_healthy dependencies started after their dependency's first healthy "
+            f"probe, {completed} service_completed_successfully ones after it exited"
+        )
 
     # ------------------------------------------------------------------------------------------------- helpers
 
@@ -830,7 +871,7 @@ class Check:
             "guests": 2,
             "payment_token": "tok_visa",
         }
-        accepted = http("POST", f"{self.url('booking-agent')}/bookings", body=body)
+        accepted = http("POST", f"{self.url('booking-agent')}/bookings", body=body, token=self.token)
         booking_id = str(accepted["booking_id"])
         self.booked.append(booking_id)
         log(f"booked {booking_id} ({accepted['status']})")
@@ -840,7 +881,7 @@ class Check:
         deadline = time.monotonic() + timeout
         status = "?"
         while time.monotonic() < deadline:
-            status = http("GET", f"{self.url('booking-agent')}/bookings/{booking_id}")["status"]
+            status = http("GET", f"{self.url('booking-agent')}/bookings/{booking_id}", token=self.token)["status"]
             if status == wanted:
                 return
             if status in ("confirmed", "failed"):
@@ -848,12 +889,19 @@ class Check:
             time.sleep(0.05)
         raise CheckFailed(f"booking {booking_id} never reached {wanted!r} (last: {status!r})")
 
-    def wait_final(self, booking_id: str, timeout: float = BOOKING_TIMEOUT_S) -> dict[str, Any]:
-        """The booking's final state over HTTP, through a booking-agent restart (connection refused meanwhile)."""
+    def wait_final(
+        self, booking_id: str, timeout: float = BOOKING_TIMEOUT_S, *, token: str | None = None
+    ) -> dict[str, Any]:
+        """The booking's final state over HTTP, through a booking-agent restart (connection refused meanwhile), as
+        PERSON (``token``: another caller's, e.g. the operator's admin token for a booking a CLI made as ``me``)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             booking = http_retrying(
-                "GET", f"{self.url('booking-agent')}/bookings/{booking_id}?wait=10", deadline, timeout=15
+                "GET",
+                f"{self.url('booking-agent')}/bookings/{booking_id}?wait=10",
+                deadline,
+                timeout=15,
+                token=token or self.token,
             )
             if booking["status"] in ("confirmed", "failed"):
                 return dict(booking)
@@ -996,6 +1044,56 @@ class Check:
             return [self.engine.podman_compose, "-p", PROJECT, *files, *args]
         return ["docker", "compose", "-p", PROJECT, *files, *args]
 
+    # ------------------------------------------------------------------------------------------------- people
+
+    def person_token(self, person: str) -> str:
+        """``concierge token --user PERSON`` in booking-agent's container: minted from the issuer volume it mounts."""
+        done = self.engine.exec("booking-agent", "concierge", "token", "--user", person, check=False)
+        token = done.stdout.strip()
+        if done.returncode != 0 or token.count(".") != 2:
+            raise CheckFailed(
+                f"concierge token --user {person} in booking-agent exited {done.returncode}: {done.stderr}"
+            )
+        return token
+
+    def people(self) -> None:
+        """The local issuer was made once, by the one-shot service, before the services that trust it; a person's
+        token is taken, no token is refused, and another person does not see this one's booking."""
+        state = self.engine.inspect(ISSUER_SERVICE)["State"]
+        if state.get("Running") or state.get("ExitCode") != 0:
+            raise CheckFailed(f"the issuer service did not run once and exit 0: {state}")
+        listed = self.engine.exec("booking-agent", "ls", "/issuer").stdout.split()
+        if sorted(listed) != ["issuer-key.pem", "jwks.json"]:
+            raise CheckFailed(f"the issuer volume holds {listed}, expected the key pair and jwks.json")
+        self.token = self.person_token(PERSON)
+        log(f"issuer: made into its volume, exited 0; {PERSON}'s token from `concierge token` in booking-agent")
+        url = f"{self.url('booking-agent')}/bookings"
+        status, headers, body = http_answer("GET", url)
+        code = (body or {}).get("error", {}).get("code") if isinstance(body, dict) else None
+        challenge = headers.get("WWW-Authenticate") if headers is not None else None
+        if (status, code, challenge) != (401, "unauthenticated", "Bearer"):
+            raise CheckFailed(
+                f"GET /bookings without a token: {status} {code!r} WWW-Authenticate {challenge!r}: {body}"
+            )
+        status, _, body = http_answer("GET", url, token=self.token)
+        if status != 200:
+            raise CheckFailed(f"GET /bookings with {PERSON}'s token: {status} {body}")
+        log("no token: 401 unauthenticated, WWW-Authenticate: Bearer; a person's token: 200")
+
+    def another_person_sees_nothing(self, booking_id: str) -> None:
+        other = self.person_token(ANOTHER_PERSON)
+        status, _, body = http_answer("GET", f"{self.url('booking-agent')}/bookings/{booking_id}", token=other)
+        if status != 404:
+            raise CheckFailed(f"{ANOTHER_PERSON} asked for {PERSON}'s booking {booking_id}: {status} {body}")
+        status, _, body = http_answer("GET", f"{self.url('booking-agent')}/bookings", token=other)
+        listed = json.dumps(body)
+        if status != 200 or booking_id in listed:
+            raise CheckFailed(f"{ANOTHER_PERSON}'s GET /bookings: {status}, lists {PERSON}'s booking: {listed[:500]}")
+        status, _, body = http_answer("GET", f"{self.url('booking-agent')}/bookings/{booking_id}", token=self.token)
+        if status != 200:
+            raise CheckFailed(f"{PERSON}'s own booking {booking_id}: {status} {body}")
+        log(f"{ANOTHER_PERSON}: 404 for {PERSON}'s booking {booking_id}, and not in their list")
+
     # ------------------------------------------------------------------------------------------------- config
 
     def configuration(self) -> None:
@@ -1007,12 +1105,13 @@ class Check:
             "print(json.dumps(sorted(names | {s.url_env for s in SERVICES.values()})))"
         )
         known = set(json.loads(self.engine.exec("recovery-worker", "python", "-c", known_script).stdout))
-        for service in APP_SERVICES:
+        known.add("CONCIERGE_AUTH_ISSUER_DIR")  # the CLI's (stack/people.py): where `concierge token` mints from
+        for service in (ISSUER_SERVICE, *APP_SERVICES):
             names = set(self.config["services"][service].get("environment") or {})
             unknown = sorted(names - known)
             if unknown:
                 raise CheckFailed(f"{service}: docker-compose.yml sets {unknown}, which the application never reads")
-        log(f"environment: every variable given to the {len(APP_SERVICES)} services is one they read")
+        log(f"environment: every variable given to the {len(APP_SERVICES) + 1} services is one they read")
 
     def checkpoints_in_postgres(self) -> None:
         # the checkpoints went to Postgres (DATABASE_URL), not to SQLite in the container
@@ -1041,7 +1140,8 @@ class Check:
                 f"concierge book in recovery-worker (as {user}) exited {book.returncode}: {book.stdout}{book.stderr}"
             )
         self.booked.append(ids[0])
-        self.assert_exactly_once(ids[0], self.wait_final(ids[0]))
+        # made as the CLI's default person (`me`): read as the operator, who sees every person's
+        self.assert_exactly_once(ids[0], self.wait_final(ids[0], token=self.admin_token))
         log(f"concierge book in recovery-worker, as {user}: exit 0")
         dlq = self.engine.exec("recovery-worker", "concierge", "dlq", "list", check=False)
         if dlq.returncode != 0 or any(b in dlq.stdout for b in self.booked):
@@ -1060,7 +1160,7 @@ class Check:
         if status != "confirmed":
             raise CheckFailed(f"concierge ask: booking {booking_id} {status}: {ask.stdout}")
         self.booked.append(booking_id)
-        self.assert_exactly_once(booking_id, self.wait_final(booking_id))
+        self.assert_exactly_once(booking_id, self.wait_final(booking_id, token=self.admin_token))
         log(f"concierge ask --approve in concierge-agent: exit 0, {booking_id} confirmed once")
 
 
@@ -1115,10 +1215,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             check.up()
         with check.step("configuration"):
             check.configuration()
+        with check.step("people: the local issuer, a person's token"):
+            check.people()
         with check.step("kill -s KILL booking-agent mid-booking"):
             check.kill_mid_booking()
         with check.step("stop booking-agent mid-booking"):
             check.stop_mid_booking()
+        with check.step("people: another person's token"):
+            check.another_person_sees_nothing(check.booked[0])
         with check.step("the CLI in a container"):
             check.cli_in_a_container()
         with check.step("a conversation in a container"):

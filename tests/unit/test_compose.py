@@ -14,12 +14,21 @@ import pytest
 import yaml
 
 from domain.llm import PRIMARY_MODEL
+from infra.people import LOCAL_ISSUER, LocalIssuer
 from stack.services import SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 # The Compose Specification's own JSON schema, kept verbatim in the repository (tests/data/README.md: origin, licence).
 SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
 INFRASTRUCTURE = {"redis", "postgres", "jaeger", "prometheus", "grafana"}
+# one-shots: run once, exit 0, and the services wait for that (service_completed_successfully)
+ONE_SHOTS = {"issuer"}
+# the services that take people's tokens (infra/people.py PeopleGate), and the containers people's commands run in
+# (`docker compose exec recovery-worker concierge book`, `exec concierge-agent concierge ask`, `exec booking-agent
+# concierge token`): they mount the local issuer
+PEOPLE_GATED = ("booking-agent", "concierge-agent")
+ISSUER_MOUNTED = (*PEOPLE_GATED, "recovery-worker")
+_SET_DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+)-(?P<default>[^}]*)\}$")
 _DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):-(?P<default>[^}]*)\}$")
 _REQUIRED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):\?(?P<message>[^}$]+)\}$")
 PROVIDERS = ("hotel-api", "payment-api", "llm-api")
@@ -41,7 +50,7 @@ def dockerfile() -> list[str]:
 
 
 def app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {name: svc for name, svc in compose["services"].items() if name not in INFRASTRUCTURE}
+    return {name: svc for name, svc in compose["services"].items() if name not in INFRASTRUCTURE | ONE_SHOTS}
 
 
 def seconds(duration: str) -> float:
@@ -142,7 +151,9 @@ def test_dependencies_wait_for_health_and_exist(compose: dict[str, Any]) -> None
         assert depends["redis"]["condition"] == "service_healthy", name
         for dependency, rule in depends.items():
             assert dependency in services, f"{name} depends on unknown {dependency}"
-            if dependency != "jaeger":  # tracing is best effort: spans are dropped until jaeger listens
+            if dependency in ONE_SHOTS:
+                assert rule["condition"] == "service_completed_successfully", f"{name} → {dependency}"
+            elif dependency != "jaeger":  # tracing is best effort: spans are dropped until jaeger listens
                 assert rule["condition"] == "service_healthy", f"{name} → {dependency}"
                 assert "healthcheck" in services[dependency], f"{name} waits for {dependency}, which has no healthcheck"
     for name in ("booking-agent", "recovery-worker"):
@@ -205,3 +216,89 @@ def test_the_concierge_starts_once_the_model_and_the_agents_it_calls_are_healthy
         f"{SERVICES['concierge-agent'].port}:{SERVICES['concierge-agent'].port}"
         in compose["services"]["concierge-agent"]["ports"]
     )
+
+
+# --------------------------------------------------------------------------------------------------- people
+
+
+def test_the_local_issuer_is_made_once_into_a_volume_by_a_one_shot(compose: dict[str, Any]) -> None:
+    """`concierge issuer --dir /issuer`, the services' own image, into the named volume `issuer`; it runs once (no
+    restart, no healthcheck: it exits) and a second `up` keeps the key pair it made."""
+    issuer = compose["services"]["issuer"]
+    anchor = compose["x-concierge"]
+    assert issuer["image"] == anchor["image"] and issuer["build"] == anchor["build"]
+    assert issuer["command"] == ["concierge", "issuer", "--dir", "/issuer"]
+    assert issuer["restart"] == "no"
+    assert issuer["healthcheck"] == {"disable": True}
+    assert issuer["volumes"] == ["issuer:/issuer"]
+    assert "issuer" in compose["volumes"]
+    assert "ports" not in issuer and "depends_on" not in issuer
+
+
+def test_the_image_gives_the_issuer_directory_to_its_non_root_user(dockerfile: list[str]) -> None:
+    """A new named volume takes the owner of the image's directory: /issuer must be the `concierge` user's, or the
+    one-shot (non-root) cannot write its key pair."""
+    made = " ".join(line for line in dockerfile if "mkdir" in line or "chown" in line)
+    assert "/issuer" in made.split("mkdir", 1)[1]
+    assert re.search(r"chown -R concierge:concierge [^&]*/issuer", made), made
+
+
+@pytest.mark.parametrize("name", ISSUER_MOUNTED)
+def test_services_mount_the_issuer_read_only_after_it_is_made(compose: dict[str, Any], name: str) -> None:
+    service = compose["services"][name]
+    assert "issuer:/issuer:ro" in service["volumes"]
+    assert service["depends_on"]["issuer"] == {"condition": "service_completed_successfully"}
+
+
+@pytest.mark.parametrize("name", [*ISSUER_MOUNTED, "issuer"])
+def test_people_settings_name_the_local_issuer_unless_told_otherwise(compose: dict[str, Any], name: str) -> None:
+    env = compose["services"][name]["environment"]
+    defaults = {
+        "CONCIERGE_AUTH_ISSUER": LOCAL_ISSUER,  # what `concierge issuer` mints as
+        "CONCIERGE_AUTH_AUDIENCE": "concierge",
+        "CONCIERGE_AUTH_JWKS_URL": "",  # a real provider's jwks_uri; empty is unset (infra.settings)
+        "CONCIERGE_AUTH_ISSUER_DIR": "/issuer",
+    }
+    for variable, default in defaults.items():
+        match = _DEFAULTED.match(env[variable])
+        assert match and match["var"] == variable and match["default"] == default, f"{variable}={env[variable]!r}"
+    # defaulted only when unset, so that CONCIERGE_AUTH_JWKS_FILE= (empty) lets JWKS_URL replace it: exactly one
+    # of the two may be set
+    jwks_file = _SET_DEFAULTED.match(env["CONCIERGE_AUTH_JWKS_FILE"])
+    assert jwks_file and jwks_file["var"] == "CONCIERGE_AUTH_JWKS_FILE", env["CONCIERGE_AUTH_JWKS_FILE"]
+    assert jwks_file["default"] == f"/issuer/{LocalIssuer.JWKS_FILE}"
+
+
+def test_people_are_never_turned_off_in_compose_or_kubernetes() -> None:
+    """CONCIERGE_AUTH=off is for tests only: nothing a deployment is made from sets it (nor CONCIERGE_AUTH at all)."""
+    files = [
+        REPO / "docker-compose.yml",
+        REPO / "scripts" / "compose.check.yml",
+        *sorted((REPO / "deploy" / "k8s").rglob("*.yaml")),
+        *sorted((REPO / "deploy" / "k8s").rglob("*.yml")),
+    ]
+    assert len(files) > 3
+    for path in files:
+        for document in yaml.safe_load_all(path.read_text()):
+            assert "CONCIERGE_AUTH" not in _settings_named(document), path
+        assert not re.search(r"CONCIERGE_AUTH\b\s*[:=]", path.read_text()), path
+
+
+def _settings_named(node: Any) -> set[str]:
+    """Every setting a compose or Kubernetes document gives: environment keys, env names, ConfigMap/Secret literals."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "environment" and isinstance(value, dict):
+                found |= set(value)
+            if key == "name" and isinstance(value, str) and "value" in node:
+                found.add(value)
+            if key == "literals" and isinstance(value, list):
+                found |= {str(item).split("=", 1)[0] for item in value}
+            if key in ("data", "stringData") and isinstance(value, dict):
+                found |= set(value)
+            found |= _settings_named(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= _settings_named(item)
+    return found

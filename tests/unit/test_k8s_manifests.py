@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from agents import booking, recovery_worker
+from infra.people import LOCAL_ISSUER, LocalIssuer
 from infra.settings import Settings
 from stack.cli import GRACEFUL_SHUTDOWN_S
 from stack.services import SERVICES
@@ -41,10 +42,18 @@ REPLICATED = set(SERVICES) - SINGLE
 # seconds more to cancel what did not reach a step boundary (booking-agent waits 5 s, the worker its take_wait + 2).
 CANCEL_ALLOWANCE_S = 10.0
 DRAIN_BOUND_S = GRACEFUL_SHUTDOWN_S + max(booking.DRAIN_S, recovery_worker.DRAIN_S) + CANCEL_ALLOWANCE_S
-# what the services read: the settings, and the peers' URLs of the service table (each service's url_env)
-SETTINGS_ENV = {str(field.validation_alias) for field in Settings.model_fields.values() if field.validation_alias} | {
-    spec.url_env for spec in SERVICES.values()
-}
+# what the services read: the settings, the peers' URLs of the service table (each service's url_env), and the
+# CLI's CONCIERGE_AUTH_ISSUER_DIR (stack/people.py: where `concierge token` in a pod mints from)
+SETTINGS_ENV = (
+    {str(field.validation_alias) for field in Settings.model_fields.values() if field.validation_alias}
+    | {spec.url_env for spec in SERVICES.values()}
+    | {"CONCIERGE_AUTH_ISSUER_DIR"}
+)
+# people (infra/people.py): the services that take a person's JWT, and the one people's commands run in; each mounts
+# the local issuer's Secret where the settings point
+PEOPLE_GATED = ("booking-agent", "concierge-agent")
+ISSUER_MOUNTED = (*PEOPLE_GATED, "recovery-worker")
+ISSUER_SECRET = "concierge-issuer"
 # what compose builds (docker-compose.yml `image:`), so that `docker compose build` makes the image the pods run
 COMPOSE_IMAGE = yaml.safe_load((REPO / "docker-compose.yml").read_text())["x-concierge"]["image"]
 _DOCKERFILE_UID = re.compile(r"useradd .*--uid (\d+)")
@@ -117,6 +126,17 @@ def problems(objects: Objects) -> list[str]:
             found.append(f"the Secret lacks {key}")
         if key in config:
             found.append(f"{key} is in the ConfigMap: it belongs in the Secret")
+    # people: never off; a trusted issuer and its keys (the local one's file by default)
+    if "CONCIERGE_AUTH" in config or "CONCIERGE_AUTH" in secret_keys:
+        found.append("CONCIERGE_AUTH is set: people's tokens are off only in tests")
+    if not config.get("CONCIERGE_AUTH_ISSUER"):
+        found.append("CONCIERGE_AUTH_ISSUER is not set: booking-agent and concierge-agent would refuse to start")
+    jwks_file = config.get("CONCIERGE_AUTH_JWKS_FILE", "")
+    if bool(jwks_file) == bool(config.get("CONCIERGE_AUTH_JWKS_URL")):
+        found.append("exactly one of CONCIERGE_AUTH_JWKS_FILE and CONCIERGE_AUTH_JWKS_URL must be set")
+    issuer_dir = config.get("CONCIERGE_AUTH_ISSUER_DIR", "")
+    if jwks_file and (not issuer_dir or Path(jwks_file).parent != Path(issuer_dir)):
+        found.append(f"CONCIERGE_AUTH_JWKS_FILE {jwks_file} is not in CONCIERGE_AUTH_ISSUER_DIR {issuer_dir!r}")
     for name, spec in SERVICES.items():
         if config.get(spec.url_env) != f"http://{name}:{spec.port}":
             found.append(f"{spec.url_env} is {config.get(spec.url_env)!r}, not the Service http://{name}:{spec.port}")
@@ -190,6 +210,18 @@ def problems(objects: Objects) -> list[str]:
         for env in container.get("env", []):
             if env["name"] not in SETTINGS_ENV:
                 found.append(f"{name}: env {env['name']} is read by no service")
+            if env["name"] == "CONCIERGE_AUTH":
+                found.append(f"{name}: CONCIERGE_AUTH is set: people's tokens are off only in tests")
+        # the local issuer's Secret, read-only where the settings point (its name: generated with a hash suffix)
+        if name in ISSUER_MOUNTED:
+            mount = next((m for m in container.get("volumeMounts", []) if m["mountPath"] == issuer_dir), None)
+            secret = (volumes.get(mount["name"], {}) if mount else {}).get("secret", {})
+            if (
+                mount is None
+                or mount.get("readOnly") is not True
+                or not re.fullmatch(rf"{ISSUER_SECRET}(-[a-z0-9]+)?", secret.get("secretName", ""))
+            ):
+                found.append(f"{name}: the Secret {ISSUER_SECRET} is not mounted read-only at {issuer_dir!r}")
         # reachable by the name and port the settings give its peers
         service = services.get(name)
         if (
@@ -305,6 +337,26 @@ BREAKAGES: dict[str, tuple[Callable[[Path], None], str]] = {
         lambda root: _edit(root / "base/hotel-api.yaml", "              memory: 256Mi\n", ""),
         "hotel-api/hotel-api: resources lack requests or limits",
     ),
+    "people turned off": (
+        lambda root: _edit(root / "base/kustomization.yaml", "- CONCIERGE_LOG_LEVEL=INFO", "- CONCIERGE_AUTH=off"),
+        "CONCIERGE_AUTH is set",
+    ),
+    "no trusted issuer": (
+        lambda root: _edit(root / "base/kustomization.yaml", "- CONCIERGE_AUTH_ISSUER=concierge-local", "# no issuer"),
+        "CONCIERGE_AUTH_ISSUER is not set",
+    ),
+    "the issuer not mounted": (
+        lambda root: _edit(root / "base/kustomization.yaml", "name: ^(booking-agent|concierge-agent", "name: ^(nobody"),
+        "booking-agent: the Secret concierge-issuer is not mounted",
+    ),
+    "both a JWKS file and a JWKS URL": (
+        lambda root: _edit(
+            root / "base/kustomization.yaml",
+            "- CONCIERGE_AUTH_AUDIENCE=concierge",
+            "- CONCIERGE_AUTH_AUDIENCE=concierge\n      - CONCIERGE_AUTH_JWKS_URL=https://id.example.com/certs",
+        ),
+        "exactly one of CONCIERGE_AUTH_JWKS_FILE and CONCIERGE_AUTH_JWKS_URL",
+    ),
     "the service token mounted": (
         lambda root: _edit(root / "base/pod-defaults.yaml", "  value: false\n", "  value: true\n"),
         "automountServiceAccountToken is not false",
@@ -332,3 +384,38 @@ def test_schema_validation_catches_a_broken_copy(broken_copy: Path) -> None:
     _edit(broken_copy / "base/booking-agent.yaml", "containerPort: 8000", "containerPort: eight-thousand")
     errors = schema_errors(render(broken_copy, DEV))
     assert any("booking-agent" in error and "containerPort" in error for error in errors), errors
+
+
+def test_people_use_the_local_issuer_from_its_secret(dev: Objects) -> None:
+    """The dev overlay trusts the local issuer whose key pair it ships as the Secret concierge-issuer (development
+    only); the base mounts that Secret, optional (a real provider needs none), into the people's services."""
+    settings = generated(dev, "ConfigMap", "concierge-settings")
+    issuer = generated(dev, "Secret", ISSUER_SECRET)
+    assert settings is not None and issuer is not None
+    assert settings["data"]["CONCIERGE_AUTH_ISSUER"] == LOCAL_ISSUER
+    assert settings["data"]["CONCIERGE_AUTH_JWKS_FILE"] == f"/issuer/{LocalIssuer.JWKS_FILE}"
+    assert set(issuer["data"]) == {LocalIssuer.KEY_FILE, LocalIssuer.JWKS_FILE}
+    deployments = by_kind(dev, "Deployment")
+    for name in ISSUER_MOUNTED:
+        volumes = deployments[name]["spec"]["template"]["spec"]["volumes"]
+        (secret,) = [volume["secret"] for volume in volumes if "secret" in volume]
+        assert secret["secretName"] == issuer["metadata"]["name"] and secret["optional"] is True
+        assert secret["defaultMode"] == 0o440
+    for name in set(SERVICES) - set(ISSUER_MOUNTED):
+        volumes = deployments[name]["spec"]["template"]["spec"]["volumes"]
+        assert not any("secret" in volume for volume in volumes), f"{name} needs no issuer key"
+
+
+def test_the_dev_issuer_in_the_overlay_is_one_concierge_issuer_reads(tmp_path: Path) -> None:
+    """The committed development key pair is a LocalIssuer's: its JWKS verifies what its key mints."""
+    import asyncio
+
+    from infra.people import JwksSource, PersonVerifier
+
+    directory = K8S / DEV / "issuer"
+    issuer = LocalIssuer(directory, LOCAL_ISSUER)
+    verifier = PersonVerifier(
+        issuer=LOCAL_ISSUER, audience="concierge", jwks=JwksSource(path=directory / LocalIssuer.JWKS_FILE)
+    )
+    person = asyncio.run(verifier.verify(issuer.mint("dev", audience="concierge")))
+    assert person.sub == "dev"

@@ -223,3 +223,30 @@ def test_a_source_is_a_url_or_a_file() -> None:
         JwksSource()
     with pytest.raises(ValueError):
         JwksSource(url="http://127.0.0.1/jwks", path="/tmp/jwks.json")
+
+
+def test_an_empty_issuer_setting_is_an_unset_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """docker-compose.yml passes ${CONCIERGE_AUTH_JWKS_URL:-} (empty unless set) and a real provider empties
+    CONCIERGE_AUTH_JWKS_FILE: empty is unset, not a validation error nor the path "."."""
+    from infra.people import PeopleConfigError, PeopleGate
+    from infra.settings import Settings
+
+    monkeypatch.delenv("CONCIERGE_AUTH", raising=False)
+    monkeypatch.setenv("CONCIERGE_AUTH_ISSUER", ISSUER)
+    monkeypatch.setenv("CONCIERGE_AUTH_JWKS_URL", "")
+    monkeypatch.setenv("CONCIERGE_AUTH_JWKS_FILE", str(tmp_path / "jwks.json"))
+    settings = Settings()
+    assert settings.auth_jwks_url is None
+    gate = PeopleGate.from_settings(settings)
+    assert gate.verifier is not None and gate.verifier.jwks.path == tmp_path / "jwks.json"
+
+    monkeypatch.setenv("CONCIERGE_AUTH_JWKS_URL", "https://issuer.test/jwks")
+    monkeypatch.setenv("CONCIERGE_AUTH_JWKS_FILE", "")
+    settings = Settings()
+    assert settings.auth_jwks_file is None
+    gate = PeopleGate.from_settings(settings)
+    assert gate.verifier is not None and gate.verifier.jwks.url == "https://issuer.test/jwks"
+
+    monkeypatch.setenv("CONCIERGE_AUTH_ISSUER", " ")
+    with pytest.raises(PeopleConfigError):
+        PeopleGate.from_settings(Settings())
