@@ -509,6 +509,8 @@ async def post_message(
 ) -> TurnAccepted:
     service = _service()
     await service.known(chat_id, who)
+    if service.deps.quotas is not None and not who.operator:
+        await service.deps.quotas.check_tokens(who.person)  # spent today: 429 now, nothing recorded
     turn_id, status = await service.post_message(chat_id, body.text, body.payment_token, idempotency_key)
     return TurnAccepted(chat_id=chat_id, turn_id=turn_id, status=status)
 

@@ -1,6 +1,7 @@
 """A fair share per person, held in Redis for every replica: requests a minute on the public APIs
-(``PERSON_REQUESTS_PER_MIN``) and journal streams open at once (``PERSON_MAX_STREAMS``). Over either:
-``QuotaExceededError`` (429 ``quota_exceeded`` with ``Retry-After``). The operator (the admin token) has no quota.
+(``PERSON_REQUESTS_PER_MIN``), journal streams open at once (``PERSON_MAX_STREAMS``) and model tokens a (UTC) day
+(``PERSON_TOKENS_PER_DAY``). Over any: ``QuotaExceededError`` (429 ``quota_exceeded`` with ``Retry-After``). The
+operator (the admin token) has no quota.
 
 Every key has a TTL: a minute's counter lives two minutes, a person's open streams (a zset of stream ids scored by
 when their claim runs out) live as long as the last claim, so a process killed with streams open frees them within
@@ -18,6 +19,7 @@ from typing import Any, Final
 
 from infra.people import QuotaExceededError, person_key
 from infra.redis import RedisScript, key
+from infra.settings import Settings
 
 __all__ = ["STREAM_CLAIM_S", "PersonQuotas", "Release"]
 
@@ -29,6 +31,13 @@ _COUNT = RedisScript("""
 local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
 return n
+""")
+
+# KEYS: the day's counter | ARGV: tokens, ttl_s
+_SPEND = RedisScript("""
+redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
 """)
 
 # KEYS: the person's open streams | ARGV: now, claim until, limit, stream id. 1 if opened, 0 if at the limit.
@@ -44,10 +53,48 @@ return 1
 class PersonQuotas:
     """Counts one person's use against the limits (``None``: that quota is off)."""
 
-    def __init__(self, redis: Any, *, requests_per_min: int | None, max_streams: int | None) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        requests_per_min: int | None,
+        max_streams: int | None,
+        tokens_per_day: int | None = None,
+    ) -> None:
         self._redis = redis
         self.requests_per_min = requests_per_min
         self.max_streams = max_streams
+        self.tokens_per_day = tokens_per_day
+
+    @classmethod
+    def from_settings(cls, redis: Any, settings: Settings) -> PersonQuotas:
+        return cls(
+            redis,
+            requests_per_min=settings.person_requests_per_min,
+            max_streams=settings.person_max_streams,
+            tokens_per_day=settings.person_tokens_per_day,
+        )
+
+    async def check_tokens(self, person: str) -> None:
+        """``QuotaExceededError`` once the person's chats spent ``tokens_per_day`` model tokens today (UTC)."""
+        if self.tokens_per_day is None:
+            return
+        day, wait = _today()
+        spent = await self._redis.get(key("people", "tokens", person_key(person), day))
+        if spent is not None and int(spent) >= self.tokens_per_day:
+            raise QuotaExceededError(
+                "tokens",
+                f"the model tokens of today are spent ({self.tokens_per_day}, PERSON_TOKENS_PER_DAY): "
+                f"more after midnight UTC, in {wait:g}s",
+                wait,
+            )
+
+    async def spend_tokens(self, person: str, tokens: int) -> None:
+        """Count ``tokens`` the model spent for the person today."""
+        if self.tokens_per_day is None or tokens <= 0:
+            return
+        day, _ = _today()
+        await _SPEND(self._redis, keys=[key("people", "tokens", person_key(person), day)], args=[tokens, 2 * 86400])
 
     async def count_request(self, person: str) -> None:
         """One more request this minute (``QuotaExceededError`` past ``requests_per_min``)."""
@@ -89,6 +136,13 @@ class PersonQuotas:
 
 
 Release = Callable[[], Awaitable[None]]
+
+
+def _today() -> tuple[str, float]:
+    """Today's UTC date, and the seconds until it ends."""
+    now = time.time()
+    day = int(now // 86400)
+    return str(day), float(max(1, math.ceil((day + 1) * 86400 - now)))
 
 
 async def _nothing() -> None:

@@ -245,10 +245,10 @@ class Settings(BaseSettings):
         None, validation_alias="LLM_FALLBACK_BASE_URL", description="The fallback's base URL; unset: LLM_BASE_URL's."
     )
     llm_turn_token_budget: int | None = Field(
-        None, validation_alias="LLM_TURN_TOKEN_BUDGET", ge=1, description="Tokens (in + out) one turn may spend."
+        50_000, validation_alias="LLM_TURN_TOKEN_BUDGET", ge=1, description="Tokens (in + out) one turn may spend."
     )
     llm_chat_token_budget: int | None = Field(
-        None, validation_alias="LLM_CHAT_TOKEN_BUDGET", ge=1, description="Tokens (in + out) one chat may spend."
+        1_000_000, validation_alias="LLM_CHAT_TOKEN_BUDGET", ge=1, description="Tokens (in + out) one chat may spend."
     )
     llm_rpm: int | None = Field(
         None,

@@ -17,6 +17,7 @@ from infra.a2a.client import A2AClient
 from infra.bookings import BookingStore
 from infra.chats import ChatFeed, ChatStore
 from infra.llm import Budget, ChatModel, ModelEvents, ModelReply, Usage
+from infra.quotas import PersonQuotas
 from infra.settings import get_settings
 
 __all__ = ["ConciergeDeps", "Model", "Peer", "open_concierge_deps"]
@@ -54,6 +55,8 @@ class ConciergeDeps:
     model: Model
     search_agent: Peer
     booking_agent: Peer
+    quotas: PersonQuotas | None = None
+    """The chats' owners' shares (model tokens a day); ``None`` with ``CONCIERGE_AUTH=off``: nobody to share among."""
 
 
 @asynccontextmanager
@@ -72,6 +75,7 @@ async def open_concierge_deps(redis: Redis) -> AsyncIterator[ConciergeDeps]:
             model=model,
             search_agent=search_agent,
             booking_agent=booking_agent,
+            quotas=PersonQuotas.from_settings(redis, settings) if settings.auth == "on" else None,
         )
     finally:
         await model.aclose()

@@ -44,6 +44,7 @@ from graph.tracing import traced_node
 from infra.auth import acting_for
 from infra.error_table import answer_for
 from infra.llm import Budget, ModelError, Usage
+from infra.people import QuotaExceededError
 from infra.settings import get_settings
 
 __all__ = ["CONCIERGE_GRAPH", "OUT_OF_STEPS", "build_concierge_graph", "give_up_update", "starts_over"]
@@ -97,7 +98,10 @@ async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: Con
     for result in added:
         await note_result(deps.feed, chat_id, turn_id, result)
     spent_turn = _usage(state.get("usage"))
+    owner = (await deps.chats.owner(chat_id))[1] if deps.quotas is not None else None
     try:
+        if deps.quotas is not None and owner is not None:
+            await deps.quotas.check_tokens(owner)  # the owner's model tokens of the day (PERSON_TOKENS_PER_DAY)
         reply = await deps.model.respond(
             [SystemMessage(content=system_prompt()), *history],
             TOOLS,
@@ -106,9 +110,11 @@ async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: Con
             spent_turn=spent_turn,
             spent_chat=_usage(state.get("chat_usage")) + spent_turn,
         )
-    except ModelError as exc:
+    except (ModelError, QuotaExceededError) as exc:
         answer = answer_for(exc)
         return {"model_calls": calls + 1, "error": failure(answer.code, answer.message), "messages": added}
+    if deps.quotas is not None and owner is not None:
+        await deps.quotas.spend_tokens(owner, reply.usage.total)
     said = reply.message
     if calls + 1 >= get_settings().llm_max_calls_per_turn and call_ids(said):
         said = _out_of_steps(said)  # the last allowed call: its tool calls are not run, the turn answers

@@ -20,7 +20,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import httpx
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -87,6 +87,10 @@ class Usage:
             "total_tokens": self.total,
             "calls": self.calls,
         }
+
+
+MAX_ANSWER_TOKENS: Final = 4096
+"""The longest answer a budget lets a call ask for (``max_tokens``); more room than this leaves it unset."""
 
 
 @dataclass(frozen=True)
@@ -392,7 +396,9 @@ class ChatModel:
                     spent=spent,
                 )
             room = left if room is None else min(room, left)
-        return room
+        # only a budget nearly spent bounds the answer: a larger room is the model's own cap (and would only
+        # inflate what the shared rate limiter reserves for the call)
+        return room if room is not None and room < MAX_ANSWER_TOKENS else None
 
     @staticmethod
     def _fallback_reason(exc: BaseException) -> str | None:

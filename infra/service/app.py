@@ -217,9 +217,7 @@ def create_service_app(
         app.state.service = ServiceInfo(service_name, _instance_id(), time.monotonic())
         redis = create_redis(settings.redis_url)
         app.state.redis = redis
-        app.state.quotas = PersonQuotas(
-            redis, requests_per_min=settings.person_requests_per_min, max_streams=settings.person_max_streams
-        )
+        app.state.quotas = PersonQuotas.from_settings(redis, settings)
         vitals = app.state.vitals = Vitals(redis)
         previous_writer = install_writer(JournalWriter(redis, app.state.service.instance_id))
         add_hook(resilience_hook)

@@ -23,13 +23,15 @@ import pytest
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from infra.people import LOCAL_ISSUER, LocalIssuer
-from tests.e2e.test_concierge import start
+from tests.e2e.test_concierge import START_S, start
 from tests.stack import CORE, Stack, fresh_database, stay
 
 pytestmark = pytest.mark.e2e
 
-SERVICES = (*CORE, "llm-api", "concierge-agent")
+SERVICES = (*CORE, "llm-api", "recovery-worker", "concierge-agent")
 REQUESTS_PER_MIN = 150
+TOKENS_PER_DAY = 15_000
+"""About a dozen of the simulator's answers: another test's person never gets near it."""
 MAX_STREAMS = 2
 ROTATION_WAIT_S = 90.0
 """Longer than the JWKS refetch interval (30 s) with room for a loaded machine."""
@@ -89,6 +91,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, issuer: Loca
         "CONCIERGE_AUTH_JWKS_URL": jwks.url,
         "PERSON_REQUESTS_PER_MIN": str(REQUESTS_PER_MIN),
         "PERSON_MAX_STREAMS": str(MAX_STREAMS),
+        "PERSON_TOKENS_PER_DAY": str(TOKENS_PER_DAY),
+        "ORPHAN_SCAN_INTERVAL": "0.2",
+        "IDEMPOTENCY_LEASE_S": "2",
     }
     with fresh_database() as database, Stack(tmp, redis_url, database_url=database, env=env) as stack:
         start(stack, SERVICES)
@@ -315,6 +320,59 @@ def test_a_chat_is_its_owners_and_the_concierge_books_for_them(
     assert booking_id in listed(http, stack, alice) and booking_id not in listed(http, stack, bob)
 
 
+def test_the_concierge_killed_mid_booking_resumes_for_the_same_person(
+    http: httpx.Client, stack: Stack, issuer: LocalIssuer
+) -> None:
+    """kill -9 of concierge-agent while booking-agent charges: the turn resumed elsewhere (the recovery worker, or the
+    restarted agent) still acts for the chat's owner, read from the chat record, never as itself."""
+    alice, bob = person(issuer, "alice"), person(issuer, "bob")
+    concierge = stack.url("concierge-agent")
+    chat_id = http.post(f"{concierge}/chats", headers=alice).json()["chat_id"]
+    checkin, checkout = stay(days_ahead=55)
+    args: dict[str, Any] = {"city": "Porto", "checkin": checkin, "checkout": checkout, "guests": 2}
+    hotel = http.get(f"{stack.url('hotel-api')}/hotels", params=args).json()["offers"][0]
+    stack.script_model(
+        [
+            {"tool_calls": [{"name": "book_hotel", "arguments": {"hotel_id": hotel["hotel_id"], **args}}]},
+            {"text": "Ok."},
+        ]
+    )
+    said = http.post(
+        f"{concierge}/chats/{chat_id}/messages", json={"text": "book", "payment_token": "tok_visa"}, headers=alice
+    )
+    assert said.status_code == 202, said.text
+    view = http.get(f"{concierge}/chats/{chat_id}", params={"wait": 60}, headers=alice, timeout=80).json()
+    approval_id = view["pending_approval"]["approval_id"]
+    stack.fault("payment-api", latency_s=4.0)
+    try:
+        decided = http.post(
+            f"{concierge}/chats/{chat_id}/approvals/{approval_id}", json={"approve": True}, headers=alice
+        )
+        assert decided.status_code == 202, decided.text
+        deadline = time.monotonic() + 60
+        while True:  # booking-agent is charging: its journal is being relayed into the chat's
+            entries = http.get(f"{concierge}/chats/{chat_id}/events", headers=alice).json()["events"]
+            if any(e["kind"] == "booking" and e["entry"].get("step") == "charge" for e in entries):
+                break
+            assert time.monotonic() < deadline, entries
+            time.sleep(0.1)
+        stack.services["concierge-agent"].kill()
+    finally:
+        stack.fault("payment-api")
+    stack.services["concierge-agent"] = stack.procs.serve(
+        "concierge-agent", port=stack.ports["concierge-agent"], timeout=START_S
+    )
+    view = http.get(f"{concierge}/chats/{chat_id}", params={"wait": 60}, headers=alice, timeout=80).json()
+    assert view["status"] == "idle" and len(view["bookings"]) == 1, view
+    booking = stack.wait(view["bookings"][0])
+    assert booking["status"] == "confirmed" and booking["owner"] == sub_of(alice), booking
+    assert booking["booking_id"] in listed(http, stack, alice)
+    assert booking["booking_id"] not in listed(http, stack, bob)
+    assert any(
+        e["kind"] == "resumed" for e in http.get(f"{concierge}/chats/{chat_id}/events", headers=alice).json()["events"]
+    )
+
+
 # ------------------------------------------------------------------------------------------------- quotas
 
 
@@ -331,6 +389,33 @@ def test_a_person_over_their_requests_a_minute_gets_429_and_others_do_not(
         assert 1 <= int(refused.headers["Retry-After"]) <= 60
     assert http.get(url, headers=other).status_code == 200
     assert http.get(url, headers=operator(stack)).status_code == 200  # the operator has no quota
+
+
+def test_a_person_who_spent_their_model_tokens_of_the_day_gets_429_and_others_do_not(
+    http: httpx.Client, stack: Stack, issuer: LocalIssuer
+) -> None:
+    erin, frank = person(issuer, "erin"), person(issuer, "frank")
+    concierge = stack.url("concierge-agent")
+
+    def turn(who: dict[str, str], chat_id: str) -> httpx.Response:
+        said = http.post(f"{concierge}/chats/{chat_id}/messages", json={"text": "Hi!"}, headers=who)
+        if said.status_code == 202:
+            view = http.get(f"{concierge}/chats/{chat_id}", params={"wait": 60}, headers=who, timeout=80).json()
+            assert view["status"] == "idle", view
+        return said
+
+    chat_id = http.post(f"{concierge}/chats", headers=erin).json()["chat_id"]
+    for _ in range(60):
+        said = turn(erin, chat_id)
+        if said.status_code != 202:
+            break
+    assert said.status_code == 429, said.text
+    assert (
+        said.json()["error"]["code"] == "quota_exceeded" and "PERSON_TOKENS_PER_DAY" in said.json()["error"]["message"]
+    )
+    assert 1 <= int(said.headers["Retry-After"]) <= 86400
+    other = http.post(f"{concierge}/chats", headers=frank).json()["chat_id"]
+    assert turn(frank, other).status_code == 202
 
 
 def test_a_person_holds_at_most_their_share_of_open_streams(

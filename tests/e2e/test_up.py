@@ -247,6 +247,7 @@ def stack_env(tmp_path: Path, redis_url: str) -> Iterator[dict[str, str]]:
     # SQLite: what `up` defaults to; the secrets: what `up` generates
     settings = {"RUN_LEASE_TTL": "1", "ORPHAN_SCAN_INTERVAL": "0.2", "BOOKING_BUDGET_S": "30"}
     env = concierge_env(tmp_path / "data", redis_url, prefix="up", **settings)
+    env.pop("CONCIERGE_AUTH", None)  # identities on, as the README's walkthrough has them: `up` makes the issuer
     yield env
     # whatever happened, nothing of this stack outlives the test
     paths = StackPaths.at(tmp_path / "data")
@@ -328,6 +329,18 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     assert first.returncode == 0, first.stdout + first.stderr
     assert first.stdout.strip().splitlines()[-1].startswith("confirmed:")
     assert re.search(r"\bpending\b", first.stdout) and re.search(r"\bconfirmed\b", first.stdout)
+    # the booking is the person's who made it (`me`): the README's curl line shows it, nobody else's list does
+    agent = urls["booking-agent"]
+    made = re.search(r"^booking (\w+):", first.stdout, re.MULTILINE)
+    assert made, first.stdout
+    token = concierge(env, "token")
+    assert token.returncode == 0 and token.stdout.count(".") == 2, token.stderr
+    mine = httpx.get(f"{agent}/bookings", headers={"Authorization": f"Bearer {token.stdout.strip()}"}, timeout=10)
+    assert mine.status_code == 200 and len(mine.json()["bookings"]) == 1, mine.text
+    assert mine.json()["bookings"][0]["booking_id"] == made.group(1)
+    assert httpx.get(f"{agent}/bookings", timeout=10).status_code == 401
+    others = concierge(env, "bookings", "--user", "someone-else", "--json")
+    assert others.returncode == 0 and json.loads(others.stdout) == [], others.stdout + others.stderr
 
     # A slow payment holds the booking in "paying" long enough to kill its owner mid-flight (the kill command itself
     # takes seconds on a busy machine: 4 s of latency was not always enough).
