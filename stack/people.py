@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_USER",
     "TOKEN_TTL_S",
     "add_user_option",
+    "default_user",
     "issuer_dir",
     "local_issuer",
     "person_headers",

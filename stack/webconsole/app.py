@@ -43,6 +43,7 @@ from recovery import DeadLetterQueue, RecoveryQueue
 from stack.console import stack_paths
 from stack.control import call, supervisor_running
 from stack.errors import ConsoleForbiddenError, ConsoleRefusedError, StackError
+from stack.people import default_user, local_issuer
 from stack.services import SERVICES
 from stack.state import StackPaths, read_state
 from stack.webconsole.chaos import ChaosRunner, add_chaos_routes
@@ -520,7 +521,9 @@ def _is_final(data: str) -> bool:
 def create_app(paths: StackPaths | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # the operator's page: it reads and acts with the admin token, so it sees every person's bookings and chats
+        # the operator's page: it reads with the admin token, so it sees every person's bookings and chats; what it
+        # books and says, it does as the local user (`me`, or $CONCIERGE_USER) when the machine has its issuer
+        app.state.issuer = local_issuer()
         token = admin_token()
         operator = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(timeout=RELAY_TIMEOUT_S, headers=operator) as http:
@@ -602,7 +605,7 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         key = f"console-{uuid.uuid4().hex}"  # the same key on every replica tried: one booking however it goes
 
         async def send(http: httpx.AsyncClient, url: str) -> httpx.Response:
-            return await http.post(f"{url}/bookings", json=body, headers={"Idempotency-Key": key})
+            return await http.post(f"{url}/bookings", json=body, headers=as_person(request, {"Idempotency-Key": key}))
 
         return await _to_booking_agent(watcher_of(request), send)
 
@@ -614,6 +617,13 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         return await _to_booking_agent(watcher_of(request), send)
 
     # ------------------------------------------------------------------- the chat panel: concierge-agent, relayed
+
+    def as_person(request: Request, headers: dict[str, str] | None = None) -> dict[str, str]:
+        """``headers`` with the local user's token (none without a local issuer: the operator's then acts)."""
+        issuer = request.app.state.issuer
+        if issuer is None:
+            return dict(headers or {})
+        return {**(headers or {}), "Authorization": f"Bearer {issuer.mint(default_user(), ttl_s=300)}"}
 
     async def to_concierge(request: Request, method: str, path: str, **kwargs: Any) -> Response:
         async def send(http: httpx.AsyncClient, url: str) -> httpx.Response:
@@ -627,7 +637,8 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
 
     @app.post("/api/chats", tags=["console"])
     async def new_chat(request: Request) -> Response:
-        return await to_concierge(request, "POST", "/chats", headers={"Idempotency-Key": f"console-{uuid.uuid4().hex}"})
+        headers = as_person(request, {"Idempotency-Key": f"console-{uuid.uuid4().hex}"})
+        return await to_concierge(request, "POST", "/chats", headers=headers)
 
     @app.get("/api/chats/{chat_id}", tags=["console"])
     async def chat(
@@ -643,13 +654,18 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         key = f"console-{uuid.uuid4().hex}"
         body = form.model_dump(exclude_none=True)
         return await to_concierge(
-            request, "POST", f"/chats/{chat_id}/messages", json=body, headers={"Idempotency-Key": key}
+            request,
+            "POST",
+            f"/chats/{chat_id}/messages",
+            json=body,
+            headers=as_person(request, {"Idempotency-Key": key}),
         )
 
     @app.post("/api/chats/{chat_id}/approvals/{approval_id}", tags=["console"])
     async def decide(request: Request, chat_id: ChatId, approval_id: ApprovalId, form: ApprovalForm) -> Response:
         body = form.model_dump(exclude_none=True)
-        return await to_concierge(request, "POST", f"/chats/{chat_id}/approvals/{approval_id}", json=body)
+        path = f"/chats/{chat_id}/approvals/{approval_id}"
+        return await to_concierge(request, "POST", path, json=body, headers=as_person(request))
 
     @app.get("/api/chats/{chat_id}/events", tags=["console"], response_class=EventSourceResponse)
     async def chat_events(
