@@ -316,7 +316,9 @@ class Run:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._interrupt)
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as http:
+        # the operator's load: its bookings and chats are the operator's (no person's quota), read back the same way
+        operator = {"Authorization": f"Bearer {self.world.token}"} if self.world.token else {}
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, headers=operator) as http:
             self.http = http
             self.conversations = Conversations(
                 self.plan.chats,

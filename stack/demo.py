@@ -276,7 +276,8 @@ async def _run(args: argparse.Namespace, booking_url: str, search_url: str, toke
     figures = Figures()
     limits = httpx.Limits(max_connections=args.clients + 8)
     async with (
-        httpx.AsyncClient(base_url=booking_url, timeout=30, limits=limits) as http,
+        # the operator's demo: its bookings are the operator's (no person's quota)
+        httpx.AsyncClient(base_url=booking_url, timeout=30, limits=limits, headers=headers) as http,
         httpx.AsyncClient(timeout=5, headers=headers) as admin,
     ):
         circuits = await _get(admin, f"{booking_url}/health/circuits")
