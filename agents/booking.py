@@ -579,7 +579,8 @@ def _no_booking(booking_id: str) -> HTTPException:
 
 async def _visible(store: BookingStore, booking_id: str, who: Caller) -> None:
     """404 unless the booking exists and is the caller's (the operator sees every one)."""
-    if not who.may_see(await store.owner(booking_id)):
+    exists, owner = await store.owner(booking_id)
+    if not exists or not who.may_see(owner):
         raise _no_booking(booking_id)
 
 
@@ -835,7 +836,8 @@ async def cancel_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
     when too late)."""
     booking_id = _booking_id_of(data)
     store: BookingStore = app.state.booking.bookings
-    if await store.status(booking_id) is None or await store.owner(booking_id) != _person_acted_for():
+    exists, owner = await store.owner(booking_id)
+    if not exists or owner != _person_acted_for():
         raise SkillFailure(ErrorCode.NOT_FOUND, f"no booking {booking_id}")
     return await _cancel(store, booking_id, Response())
 

@@ -393,10 +393,10 @@ class BookingStore:
         raw = await self._redis.hgetall(self._key(booking_id))
         return _view({text(name): text(value) for name, value in raw.items()}) if raw else None
 
-    async def owner(self, booking_id: str) -> str | None:
-        """The person the booking belongs to; ``None`` when it has none (a service's own) or does not exist."""
-        raw = await self._redis.hget(self._key(booking_id), "owner")
-        return text(raw) or None if raw is not None else None
+    async def owner(self, booking_id: str) -> tuple[bool, str | None]:
+        """Whether the booking exists, and the person it belongs to (``None``: a service's own)."""
+        status, owner = await self._redis.hmget(self._key(booking_id), ["status", "owner"])
+        return status is not None, (text(owner) or None) if owner is not None else None
 
     async def status(self, booking_id: str) -> str | None:
         """The status alone (one field, not the whole record); ``None`` for an unknown booking."""

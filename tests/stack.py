@@ -95,7 +95,7 @@ class Stack:
             "LLM_API_KEY": self.llm_api_key,
             "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
             "CONCIERGE_LOG_LEVEL": "INFO",
-            # people's identities off unless a test turns them on (tests/e2e/test_people.py; docs/people.md)
+            # people's identities off unless a test turns them on (tests/e2e/test_identities.py; docs/people.md)
             "CONCIERGE_AUTH": os.environ.get("CONCIERGE_AUTH", "off"),
             **{URL_ENV[name]: f"http://127.0.0.1:{port}" for name, port in self.ports.items()},
         }
