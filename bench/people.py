@@ -90,9 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as cleanup:
         workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="concierge-bench-people-")))
         issuer = LocalIssuer(workdir / "issuer", LOCAL_ISSUER)
+        door = {"BOOKING_MAX_IN_FLIGHT": "200"}  # a fixed door: the adaptive one's 429s would time its learning
         sides = {
-            OFF: {"CONCIERGE_AUTH": "off"},
+            OFF: {**door, "CONCIERGE_AUTH": "off"},
             ON: {
+                **door,
                 "CONCIERGE_AUTH": "on",
                 "CONCIERGE_AUTH_ISSUER": issuer.issuer,
                 "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path),
