@@ -43,10 +43,11 @@ def _forbidden(service: str) -> tuple[str, ...]:
     return EVERYWHERE if service in AGENTS else EVERYWHERE + WITHOUT_LANGGRAPH
 
 
-def loaded_at_import(module: str) -> set[str]:
-    """``sys.modules`` after ``import <module>`` in a fresh interpreter of this environment."""
+def loaded_at_import(module: str, then: str = "pass") -> set[str]:
+    """``sys.modules`` after ``import <module>`` (and the statement ``then``) in a fresh interpreter of this
+    environment."""
     env = {k: v for k, v in os.environ.items() if k not in _UNSET}
-    code = f"import {module}, json, sys; print(json.dumps(sorted(sys.modules)))"
+    code = f"import {module}, json, sys; {then}; print(json.dumps(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -68,3 +69,21 @@ def test_the_cli_loads_no_langgraph() -> None:
     # every `concierge serve` starts here before its service's module
     loaded = loaded_at_import("stack.cli")
     assert sorted(loaded.intersection(EVERYWHERE + WITHOUT_LANGGRAPH)) == []
+
+
+# `concierge serve` needs the CLI's own module and the service table; the other commands' modules (and what they
+# import: the supervisor, the chaos driver, HTTP clients of the stack...) load only when their command runs
+SERVE_PATH = {"stack", "stack.cli", "stack.services"}
+
+
+def test_serve_builds_only_its_own_parser() -> None:
+    loaded = loaded_at_import(
+        "stack.cli", "stack.cli.parser_for(['serve', 'booking-agent']).parse_args(['serve', 'x'])"
+    )
+    assert sorted(name for name in loaded if name.split(".")[0] == "stack" and name not in SERVE_PATH) == []
+
+
+def test_the_whole_parser_loads_every_command() -> None:
+    # the probe itself can fail: the command modules are found where they are loaded
+    loaded = loaded_at_import("stack.cli", "stack.cli.build_parser()")
+    assert {"stack.up", "stack.chaos", "stack.demo", "stack.ops"} <= loaded
