@@ -3,8 +3,9 @@ fresh interpreter, its ``sys.modules`` checked against modules it must not load 
 
 Loaded later, where used: ``langchain_openai`` and ``openai`` with the first model call (``infra.llm.model``,
 ``infra.llm.classify``), the OTLP exporter only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, the Postgres saver and
-its pool only when ``DATABASE_URL`` is (``infra.checkpointer``), the SQLite saver only without it; schemathesis is
-the API check's alone. The providers, the web console and the CLI load no LangGraph at all, hence nothing of
+its pool only when ``DATABASE_URL`` is (``infra.checkpointer``), the SQLite saver only without it, ``psycopg``
+itself only with them (``infra.error_table`` names its ``OperationalError`` without importing it); schemathesis is
+the API check's alone. ``concierge serve`` builds its own parser alone: no other command's module. The providers, the web console and the CLI load no LangGraph at all, hence nothing of
 ``langsmith`` or ``langgraph_sdk``; the agents do, and LangGraph itself brings both at its top level
 (``langgraph.types`` → ``langchain_core.tracers`` → ``langsmith.run_trees``, ``langgraph.runtime`` →
 ``langgraph_sdk.auth.types``): docs/benchmarks.md#start-up.
@@ -27,6 +28,7 @@ EVERYWHERE = (
     "schemathesis",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "opentelemetry.exporter.otlp.proto.grpc",
+    "psycopg",
     "psycopg_pool",
     "langgraph.checkpoint.postgres",
     "langgraph.checkpoint.sqlite",
