@@ -5,7 +5,10 @@ Loaded later, where used: ``langchain_openai`` and ``openai`` with the first mod
 ``infra.llm.classify``), the OTLP exporter only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, the Postgres saver and
 its pool only when ``DATABASE_URL`` is (``infra.checkpointer``), the SQLite saver only without it, ``psycopg``
 itself only with them (``infra.error_table`` names its ``OperationalError`` without importing it); schemathesis is
-the API check's alone. ``concierge serve`` builds its own parser alone: no other command's module. The providers, the web console and the CLI load no LangGraph at all, hence nothing of
+the API check's alone; the A2A SDK's client side (``a2a.client``, and ``grpc`` through it) with an agent's first
+call to a peer (``infra.a2a.client``), the SDK's protobuf types only where an A2A module is imported (the package
+``infra.a2a`` holds the errors without them). ``concierge serve`` builds its own parser alone: no other command's
+module. The providers, the web console and the CLI load no LangGraph at all, hence nothing of
 ``langsmith`` or ``langgraph_sdk``; the agents do, and LangGraph itself brings both at its top level
 (``langgraph.types`` → ``langchain_core.tracers`` → ``langsmith.run_trees``, ``langgraph.runtime`` →
 ``langgraph_sdk.auth.types``): docs/benchmarks.md#start-up.
@@ -36,13 +39,21 @@ EVERYWHERE = (
 )
 WITHOUT_LANGGRAPH = ("langsmith", "langgraph_sdk", "langgraph", "langchain_core")
 AGENTS = {"search-agent", "payment-agent", "booking-agent", "recovery-worker", "concierge-agent"}
+# the A2A SDK (its protobuf types) only where an agent is: the providers and the console name our A2A errors only
+WITHOUT_A2A = ("a2a", "google.protobuf")
+# its client side (and grpc, through its optional gRPC transport) only with the first call (infra.a2a.client), or
+# where the SDK's server side brings both: a2a.server.routes → a2a.compat.v0_3 → a2a.client, a2a.server.request_handlers
+# → its gRPC handler, loaded whenever grpcio is installed (it is: opentelemetry-exporter-otlp's gRPC exporter)
+A2A_CLIENT = ("a2a.client", "grpc")
+A2A_SERVERS = {"search-agent", "payment-agent", "booking-agent", "concierge-agent"}
 
 # what is not configured here must not be loaded: no OTLP endpoint, no Postgres
 _UNSET = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "DATABASE_URL", "LANGSMITH_TRACING")
 
 
 def _forbidden(service: str) -> tuple[str, ...]:
-    return EVERYWHERE if service in AGENTS else EVERYWHERE + WITHOUT_LANGGRAPH
+    forbidden = EVERYWHERE if service in A2A_SERVERS else EVERYWHERE + A2A_CLIENT
+    return forbidden if service in AGENTS else forbidden + WITHOUT_LANGGRAPH + WITHOUT_A2A
 
 
 def loaded_at_import(module: str, then: str = "pass") -> set[str]:
@@ -56,8 +67,9 @@ def loaded_at_import(module: str, then: str = "pass") -> set[str]:
 
 
 def test_the_check_sees_a_module_that_is_loaded() -> None:
-    # the probe itself can fail: LangGraph is found where it is loaded
+    # the probe itself can fail: LangGraph is found where it is loaded, and the A2A SDK's client side
     assert {"langgraph", "langsmith", "langgraph_sdk"} <= loaded_at_import("langgraph.graph")
+    assert set(A2A_CLIENT + WITHOUT_A2A) <= loaded_at_import("infra.a2a.client", "import a2a.client.transports.jsonrpc")
 
 
 @pytest.mark.parametrize("service", list(SERVICES))
@@ -67,10 +79,14 @@ def test_a_service_loads_no_optional_heavy_module_at_start(service: str) -> None
     assert sorted(loaded.intersection(_forbidden(service))) == []
 
 
+def test_the_a2a_client_loads_the_sdks_client_side_with_its_first_call() -> None:
+    assert sorted(loaded_at_import("infra.a2a.client").intersection(A2A_CLIENT)) == []
+
+
 def test_the_cli_loads_no_langgraph() -> None:
     # every `concierge serve` starts here before its service's module
     loaded = loaded_at_import("stack.cli")
-    assert sorted(loaded.intersection(EVERYWHERE + WITHOUT_LANGGRAPH)) == []
+    assert sorted(loaded.intersection(EVERYWHERE + A2A_CLIENT + WITHOUT_LANGGRAPH + WITHOUT_A2A)) == []
 
 
 # `concierge serve` needs the CLI's own module and the service table; the other commands' modules (and what they
