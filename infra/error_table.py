@@ -96,7 +96,9 @@ class PostgresUnavailableError(Exception, metaclass=abc.ABCMeta):
     Postgres (SQLite checkpoints, or none): ``isinstance(exc, PostgresUnavailableError)`` holds for psycopg's class
     and its subclasses through ``__subclasshook__`` (``abc``), looked up in ``sys.modules``. A process that has not
     imported psycopg cannot hold one of its exceptions, so nothing is missed; a "no" cached by ``ABCMeta`` before the
-    import is about a class that cannot be psycopg's either.
+    import is about a class that cannot be psycopg's either. Starlette finds an exception handler by the raised
+    class's ``__mro__``, where a virtual base is not: a service's error boundary (``infra.service.middleware``)
+    answers such an error instead, from this table, with the same status, body and ``Retry-After``.
     """
 
     @classmethod

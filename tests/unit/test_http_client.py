@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterator
 
 import httpx
@@ -133,3 +134,12 @@ async def test_each_attempt_is_its_own_span_and_failures_mark_it(spans: InMemory
     assert refused.attributes is not None and refused.attributes["error.type"] == "ConnectError"
     assert "http.response.status_code" not in refused.attributes
     assert [event.name for event in refused.events] == ["exception"]
+
+
+def test_every_client_verifies_tls_with_one_shared_context_as_httpx_builds_it() -> None:
+    from infra.http import _ssl_context
+
+    context = _ssl_context()
+    assert context is _ssl_context()  # built once per process, not per client (docs/benchmarks.md#start-up)
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname  # httpx's verify=True
+    assert context.cert_store_stats()["x509_ca"] > 0
