@@ -27,7 +27,7 @@ from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, Price
 from domain.chat import ChatConflictError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
 from infra.clients.errors import NoAvailabilityError, PaymentDeclinedError, ProviderError, ProviderRejectedError
-from infra.http import never_connected
+from infra.connection_errors import never_connected
 from infra.llm.errors import (
     ModelAuthError,
     ModelBadRequestError,

@@ -25,25 +25,12 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from infra.auth import ServiceTokens, service_tokens
+from infra.connection_errors import never_connected
 from resilience.budget import BUDGET_HEADER, outgoing_budget_seconds
 
+__all__ = ["TracedTransport", "create_http_client", "never_connected"]
+
 _tracer = trace.get_tracer(__name__)
-
-_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-"""httpx errors raised before a byte of the request left: no connection opened (or none free in the pool)."""
-
-
-def never_connected(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) says the request never left: the connection did not open.
-
-    Then the callee cannot have acted on it; any other failure after sending (a read timeout, a reset) may have.
-    """
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, _NEVER_SENT):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class TracedTransport(httpx.AsyncBaseTransport):

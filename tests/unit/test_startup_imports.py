@@ -6,12 +6,15 @@ Loaded later, where used: ``langchain_openai`` and ``openai`` with the first mod
 its pool only when ``DATABASE_URL`` is (``infra.checkpointer``), the SQLite saver only without it, ``psycopg``
 itself only with them (``infra.error_table`` names its ``OperationalError`` without importing it); schemathesis is
 the API check's alone; the A2A SDK's client side (``a2a.client``, and ``grpc`` through it) with an agent's first
-call to a peer (``infra.a2a.client``), the SDK's protobuf types only where an A2A module is imported (the package
-``infra.a2a`` holds the errors without them). ``concierge serve`` builds its own parser alone: no other command's
-module. The providers, the web console and the CLI load no LangGraph at all, hence nothing of
-``langsmith`` or ``langgraph_sdk``; the agents do, and LangGraph itself brings both at its top level
+call to a peer (``infra.a2a.client``), and the SDK's protobuf types only where an A2A module is imported (the
+package ``infra.a2a`` holds the errors without them). ``concierge serve`` builds its own parser alone: no other
+command's module. The providers load no HTTP client: they send no request (``infra.connection_errors``).
+
+The providers, the web console and the CLI load no LangGraph at all, hence nothing of ``langsmith`` or
+``langgraph_sdk``, and no A2A SDK; the agents do, and LangGraph itself brings both at its top level
 (``langgraph.types`` → ``langchain_core.tracers`` → ``langsmith.run_trees``, ``langgraph.runtime`` →
-``langgraph_sdk.auth.types``): docs/benchmarks.md#start-up.
+``langgraph_sdk.auth.types``), as the A2A SDK's server side brings its client side and ``grpc``:
+docs/benchmarks.md#start-up.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ WITHOUT_A2A = ("a2a", "google.protobuf")
 # → its gRPC handler, loaded whenever grpcio is installed (it is: opentelemetry-exporter-otlp's gRPC exporter)
 A2A_CLIENT = ("a2a.client", "grpc")
 A2A_SERVERS = {"search-agent", "payment-agent", "booking-agent", "concierge-agent"}
+# an HTTP client only where requests are sent: the providers answer, they call no one (the error table's question
+# whether a request left asks sys.modules for httpx: infra.connection_errors)
+WITHOUT_HTTP_CLIENT = ("httpx", "httpcore")
+PROVIDERS = {"hotel-api", "payment-api", "llm-api"}
 
 # what is not configured here must not be loaded: no OTLP endpoint, no Postgres
 _UNSET = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "DATABASE_URL", "LANGSMITH_TRACING")
@@ -53,6 +60,7 @@ _UNSET = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "
 
 def _forbidden(service: str) -> tuple[str, ...]:
     forbidden = EVERYWHERE if service in A2A_SERVERS else EVERYWHERE + A2A_CLIENT
+    forbidden += WITHOUT_HTTP_CLIENT if service in PROVIDERS else ()
     return forbidden if service in AGENTS else forbidden + WITHOUT_LANGGRAPH + WITHOUT_A2A
 
 
@@ -86,7 +94,10 @@ def test_the_a2a_client_loads_the_sdks_client_side_with_its_first_call() -> None
 def test_the_cli_loads_no_langgraph() -> None:
     # every `concierge serve` starts here before its service's module
     loaded = loaded_at_import("stack.cli")
-    assert sorted(loaded.intersection(EVERYWHERE + A2A_CLIENT + WITHOUT_LANGGRAPH + WITHOUT_A2A)) == []
+    assert (
+        sorted(loaded.intersection(EVERYWHERE + A2A_CLIENT + WITHOUT_LANGGRAPH + WITHOUT_A2A + WITHOUT_HTTP_CLIENT))
+        == []
+    )
 
 
 # `concierge serve` needs the CLI's own module and the service table; the other commands' modules (and what they
