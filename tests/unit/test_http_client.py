@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from infra.auth import NoServiceIdentityError, use_service_identity, verify_service_token
-from infra.http import create_http_client
+from infra.http import create_http_client, never_connected
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry
 from resilience import BUDGET_HEADER, budget_scope
@@ -143,3 +143,22 @@ def test_every_client_verifies_tls_with_one_shared_context_as_httpx_builds_it() 
     assert context is _ssl_context()  # built once per process, not per client (docs/benchmarks.md#start-up)
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname  # httpx's verify=True
     assert context.cert_store_stats()["x509_ca"] > 0
+
+
+@pytest.mark.parametrize(
+    ("exc", "never"),
+    [
+        (httpx.ConnectError("refused"), True),
+        (httpx.ConnectTimeout("slow"), True),
+        (httpx.PoolTimeout("no free connection"), True),
+        (httpx.ReadTimeout("sent, no answer"), False),
+        (httpx.RemoteProtocolError("reset"), False),
+        (RuntimeError("no request at all"), False),
+    ],
+)
+def test_never_connected_names_the_failures_before_a_byte_left(exc: Exception, never: bool) -> None:
+    assert never_connected(exc) is never
+    try:
+        raise RuntimeError("wrapped") from exc
+    except RuntimeError as wrapped:
+        assert never_connected(wrapped) is never  # what it was raised from counts
