@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -61,13 +60,25 @@ _tracer = trace.get_tracer("concierge.a2a")
 
 SDK_CLIENT_MODULES = ("a2a.client.errors", "a2a.client.transports.jsonrpc")
 """The SDK's client side, imported with the first call (``load_sdk_client``), not at start."""
+_sdk_client_loaded = False
+
+
+def _import_sdk_client() -> None:
+    for name in SDK_CLIENT_MODULES:
+        importlib.import_module(name)
 
 
 async def load_sdk_client() -> None:
-    """Import the SDK's client side in a worker thread (the loop keeps answering meanwhile); at once when loaded."""
-    for name in SDK_CLIENT_MODULES:
-        if name not in sys.modules:
-            await asyncio.to_thread(importlib.import_module, name)
+    """Import the SDK's client side in a worker thread (the loop keeps answering meanwhile); at once when loaded.
+
+    Done means the import finished, not begun: a module another thread is still importing is already in
+    ``sys.modules``, and importing it on the loop's thread would wait there for that thread. Calls racing to be
+    first each wait in a worker thread instead (the import lock lets one of them run it).
+    """
+    global _sdk_client_loaded
+    if not _sdk_client_loaded:
+        await asyncio.to_thread(_import_sdk_client)
+        _sdk_client_loaded = True
 
 
 class A2AClient:
