@@ -8,11 +8,14 @@ STAMP := $(VENV)/.installed
 
 # Installs requirements-dev.lock exactly (hashes checked; packages not in it removed): uv from its pin there (pip),
 # then uv for the rest, then the project itself, editable. Refuses a lock that pyproject.toml has moved away from.
+# --compile-bytecode: the dependencies' .pyc written once here (as pip does when the Dockerfile installs them), not
+# compiled from source by every process where PYTHONDONTWRITEBYTECODE is set: half a service's start-up
+# (docs/benchmarks.md#start-up).
 $(STAMP): pyproject.toml requirements-dev.lock requirements-tools.in
 	$(PYTHON) scripts/lock.py check
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python scripts/lock.py ensure-uv $(VENV)
-	$(BIN)/uv pip sync --quiet --python $(BIN)/python --require-hashes requirements-dev.lock
+	$(BIN)/uv pip sync --quiet --compile-bytecode --python $(BIN)/python --require-hashes requirements-dev.lock
 	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps --no-build-isolation -e .
 	$(BIN)/python -m pip check
 	touch $(STAMP)

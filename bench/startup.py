@@ -7,7 +7,9 @@ the bare app (a tiny ``FastAPI()`` with one ``/health/ready`` route, written by 
 directory) and then every service with ``concierge serve <name>`` on a free port, one process at a time, polling
 readiness every 20 ms; the process is killed once it answers. The rounds interleave, so a busier minute slows
 every row. Prints the median per row and its ratio to the bare app's median (the issue's target: at most 2x), and
-writes ``bench/results/startup.json``.
+writes ``bench/results/startup.json``. Next to the wall-clock seconds, the CPU seconds (user + system, from
+``/proc/<pid>/stat``) the process had used when it first answered 200: on a machine shared with other work the
+wall-clock medians swing with the load, the CPU seconds far less.
 
 ``--up`` adds ``concierge up --detach`` (the whole table under its supervisor, which returns once every service is
 ready) followed by ``concierge down``, per round.
@@ -57,8 +59,18 @@ async def ready() -> dict[str, str]:
 """
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, started: float, log: Path) -> float:
-    """Seconds from ``started`` to the first 200 of ``url``; raises with the log tail if the process dies first."""
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used (``/proc``; None where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, started: float, log: Path) -> tuple[float, float | None]:
+    """Seconds from ``started`` to the first 200 of ``url``, and the CPU seconds the process had used by then;
+    raises with the log tail if the process dies first."""
     deadline = started + READY_TIMEOUT_S
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
@@ -67,13 +79,14 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, started: float, log: Pa
                 raise RuntimeError(f"{url} exited with {proc.returncode} before it was ready:\n{tail}")
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(url).status_code == 200:
-                    return time.monotonic() - started
+                    return time.monotonic() - started, _cpu_seconds(proc.pid)
             time.sleep(POLL_S)
     raise RuntimeError(f"{url} not ready after {READY_TIMEOUT_S:.0f} s")
 
 
-def _time_start(argv: Sequence[str], env: Mapping[str, str], url: str, log: Path) -> float:
-    """Exec ``argv``, wait for ``url`` to answer 200, kill the process group: the seconds to ready."""
+def _time_start(argv: Sequence[str], env: Mapping[str, str], url: str, log: Path) -> tuple[float, float | None]:
+    """Exec ``argv``, wait for ``url`` to answer 200, kill the process group: the seconds to ready, and the CPU
+    seconds used by then."""
     with log.open("ab") as out:
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -133,6 +146,13 @@ def _env(workdir: Path, redis_url: str, prefix: str) -> dict[str, str]:
     }
 
 
+def _cpu_stats(values: Sequence[float], floor: float | None) -> dict[str, Any]:
+    if not values or not floor:
+        return {}
+    median = statistics.median(values)
+    return {"cpu_median_s": round(median, 3), "cpu_ratio": round(median / floor, 2), "cpu_samples_s": list(values)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="starts per row (default 5)")
@@ -147,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = [BARE, *options.services, *([UP] if options.up else [])]
     samples: dict[str, list[float]] = {row: [] for row in rows}
+    cpu_samples: dict[str, list[float]] = {row: [] for row in rows}
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
     load_before = os.getloadavg()
     started = time.monotonic()
@@ -162,19 +183,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if row == BARE:
                         app_argv = [sys.executable, "-m", "uvicorn", "bare_app:app", "--app-dir", str(workdir)]
                         cmd = [*app_argv, "--host", HOST, "--port", str(port), "--lifespan", "on"]
-                        seconds = _time_start(cmd, env, f"http://{HOST}:{port}/health/ready", log)
+                        seconds, cpu = _time_start(cmd, env, f"http://{HOST}:{port}/health/ready", log)
                     elif row == UP:
-                        seconds = _time_up(env, workdir / f"up-{n}", log)
+                        seconds, cpu = _time_up(env, workdir / f"up-{n}", log), None  # many processes: no one CPU
                     else:
                         cmd = [*concierge_command(), "serve", row, "--host", HOST, "--port", str(port)]
                         url = f"http://{HOST}:{port}{SERVICES[row].ready_path}"
-                        seconds = _time_start(cmd, env, url, log)
+                        seconds, cpu = _time_start(cmd, env, url, log)
                     samples[row].append(seconds)
-                    print(f"round {n + 1}/{options.rounds} {row}: {seconds:.2f} s", file=sys.stderr, flush=True)
+                    if cpu is not None:
+                        cpu_samples[row].append(cpu)
+                    said = f"{seconds:.2f} s" + (f" ({cpu:.2f} s CPU)" if cpu is not None else "")
+                    print(f"round {n + 1}/{options.rounds} {row}: {said}", file=sys.stderr, flush=True)
         finally:
             _delete_prefixed_keys(options.redis_url, prefix)
 
     floor = statistics.median(samples[BARE])
+    cpu_floor = statistics.median(cpu_samples[BARE]) if cpu_samples[BARE] else None
     result: dict[str, Any] = {
         "machine": machine(),
         "loadavg_before": load_before,
@@ -187,15 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_s": round(max(values), 3),
                 "ratio": round(statistics.median(values) / floor, 2),
                 "samples_s": [round(v, 3) for v in values],
+                **_cpu_stats(cpu_samples[row], cpu_floor),
             }
             for row, values in samples.items()
         },
     }
-    print(f"\n| start-up (exec → /health/ready 200), {options.rounds} rounds | median (s) | min / max (s) | ×bare |")
-    print("|---|---:|---:|---:|")
+    print(
+        f"\n| start-up (exec → /health/ready 200), {options.rounds} rounds | median (s) | min / max (s) | ×bare "
+        "| CPU median (s) | CPU ×bare |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for row, stats in result["rows"].items():
+        cpu_cells = f"{stats['cpu_median_s']:.2f} | {stats['cpu_ratio']:.1f}" if "cpu_median_s" in stats else "– | –"
         print(
-            f"| {row} | {stats['median_s']:.2f} | {stats['min_s']:.2f} / {stats['max_s']:.2f} | {stats['ratio']:.1f} |"
+            f"| {row} | {stats['median_s']:.2f} | {stats['min_s']:.2f} / {stats['max_s']:.2f} | {stats['ratio']:.1f} "
+            f"| {cpu_cells} |"
         )
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"\nload average before: {', '.join(f'{v:.2f}' for v in load_before)}; after: {load}")

@@ -12,12 +12,13 @@ raises (``docs/a2a.md``): not retryable → a business error, ``timeout`` → a 
 
 from __future__ import annotations
 
+import abc
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from psycopg import OperationalError as PostgresUnavailableError
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -26,7 +27,7 @@ from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, Price
 from domain.chat import ChatConflictError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
 from infra.clients.errors import NoAvailabilityError, PaymentDeclinedError, ProviderError, ProviderRejectedError
-from infra.http import never_connected
+from infra.connection_errors import never_connected
 from infra.llm.errors import (
     ModelAuthError,
     ModelBadRequestError,
@@ -62,6 +63,7 @@ __all__ = [
     "RETRY_AFTER_S",
     "TABLE",
     "ErrorAnswer",
+    "PostgresUnavailableError",
     "answer_for",
     "answer_response",
     "error_body",
@@ -95,6 +97,26 @@ class ErrorAnswer:
         if not self.retryable or self.status not in (429, 503):
             return None
         return self.wait_s if self.wait_s is not None else RETRY_AFTER_S
+
+
+class PostgresUnavailableError(Exception, metaclass=abc.ABCMeta):
+    """psycopg's ``OperationalError`` (Postgres unreachable, a connection lost), named without importing psycopg.
+
+    Its row must not load psycopg (0.1 s) into every service that answers errors, most of which never talk to
+    Postgres (SQLite checkpoints, or none): ``isinstance(exc, PostgresUnavailableError)`` holds for psycopg's class
+    and its subclasses through ``__subclasshook__`` (``abc``), looked up in ``sys.modules``. A process that has not
+    imported psycopg cannot hold one of its exceptions, so nothing is missed; a "no" cached by ``ABCMeta`` before the
+    import is about a class that cannot be psycopg's either. Starlette finds an exception handler by the raised
+    class's ``__mro__``, where a virtual base is not: a service's error boundary (``infra.service.middleware``)
+    answers such an error instead, from this table, with the same status, body and ``Retry-After``.
+    """
+
+    @classmethod
+    def __subclasshook__(cls, subclass: type) -> bool:
+        psycopg = sys.modules.get("psycopg")
+        if psycopg is not None and issubclass(subclass, psycopg.OperationalError):
+            return True
+        return NotImplemented  # the usual checks: a class of ours subclassing this one
 
 
 def _fields(exc: BaseException) -> dict[str, Any]:

@@ -17,30 +17,20 @@ client measured 2.41 ms of CPU against 2.76 ms with the instrumentation, everyth
 
 from __future__ import annotations
 
+import functools
+import ssl
+
 import httpx
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from infra.auth import ServiceTokens, person_acted_for, service_tokens
+from infra.connection_errors import never_connected
 from resilience.budget import BUDGET_HEADER, outgoing_budget_seconds
 
+__all__ = ["TracedTransport", "create_http_client", "never_connected"]
+
 _tracer = trace.get_tracer(__name__)
-
-_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-"""httpx errors raised before a byte of the request left: no connection opened (or none free in the pool)."""
-
-
-def never_connected(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) says the request never left: the connection did not open.
-
-    Then the callee cannot have acted on it; any other failure after sending (a read timeout, a reset) may have.
-    """
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, _NEVER_SENT):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class TracedTransport(httpx.AsyncBaseTransport):
@@ -81,6 +71,15 @@ class TracedTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client of the process, as httpx builds it by default (``verify=True``: certifi's
+    bundle, or ``SSL_CERT_FILE``/``SSL_CERT_DIR``). Otherwise each transport reads and parses the CA bundle again:
+    about 20 ms of the event loop per client, three to five clients in an agent's start-up
+    (docs/benchmarks.md#start-up)."""
+    return httpx.create_ssl_context()
+
+
 def _make_hook(tokens: ServiceTokens | None, audience: str | None) -> object:
     async def add_context(request: httpx.Request) -> None:
         seconds = outgoing_budget_seconds()
@@ -116,5 +115,5 @@ def create_http_client(
     return httpx.AsyncClient(
         base_url=base_url,
         event_hooks={"request": [_make_hook(tokens, audience)]},  # type: ignore[list-item]
-        transport=TracedTransport(transport or httpx.AsyncHTTPTransport(limits=limits)),
+        transport=TracedTransport(transport or httpx.AsyncHTTPTransport(verify=_ssl_context(), limits=limits)),
     )

@@ -2,7 +2,11 @@
 
 Each subcommand lives behind a ``register(subparsers)`` function that adds its parser and sets
 ``handler=<callable(args) -> exit code>``. Adding a command (``up``, ``down``, ``status``, ``book``...) means
-writing its module with such a function and appending it to ``COMMANDS``; nothing else here changes.
+writing its module with such a function and naming it in ``_COMMAND_MODULES`` (command name → module and
+function); nothing else here changes. A command's module is imported only when its parser is built: ``main`` builds
+the one command named first on the command line (``concierge serve`` imports no other command's module before
+uvicorn imports the app, docs/benchmarks.md#start-up), and the whole parser for anything else (``--help``, no
+command, an unknown one), so every usage, help and error text is the same either way.
 Commands report errors as one line on stderr and an exit code, never a traceback.
 
     concierge serve <service> [--host H] [--port P]   run one service of the table in the foreground
@@ -14,25 +18,14 @@ uvicorn is even imported; the service shell checks it again at start-up for a se
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from infra.auth import MissingSecretError, service_secret
 from infra.settings import get_settings
-from stack.book import register_book, register_cancel
-from stack.bookings import register_bookings, register_show
-from stack.chaos import register_chaos
-from stack.chat import register_ask, register_chat
-from stack.demo import register_demo
-from stack.dlq import register_dlq, register_recovery
-from stack.down import register_down
-from stack.ops import register_fault, register_kill, register_start, register_stop
-from stack.people import register_issuer, register_token
 from stack.services import SERVICES, UnknownServiceError, get_service
-from stack.status import register_status
-from stack.up import register_up
-from stack.verify import register_verify
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -41,12 +34,14 @@ else:
 
 __all__ = [
     "COMMANDS",
+    "COMMAND_REGISTRARS",
     "EXIT_FAILURE",
     "EXIT_USAGE",
     "GRACEFUL_SHUTDOWN_S",
     "Registrar",
     "build_parser",
     "main",
+    "parser_for",
     "register_serve",
 ]
 
@@ -113,29 +108,51 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Registrar] = [
-    register_serve,
-    register_up,
-    register_down,
-    register_status,
-    register_book,
-    register_cancel,
-    register_ask,
-    register_chat,
-    register_show,
-    register_bookings,
-    register_token,
-    register_issuer,
-    register_kill,
-    register_stop,
-    register_start,
-    register_fault,
-    register_dlq,
-    register_recovery,
-    register_verify,
-    register_chaos,
-    register_demo,
-]
+_COMMAND_MODULES: dict[str, tuple[str, str]] = {
+    # command name → (module, its register function), in the order ``--help`` lists them
+    "up": ("stack.up", "register_up"),
+    "down": ("stack.down", "register_down"),
+    "status": ("stack.status", "register_status"),
+    "book": ("stack.book", "register_book"),
+    "cancel": ("stack.book", "register_cancel"),
+    "ask": ("stack.chat", "register_ask"),
+    "chat": ("stack.chat", "register_chat"),
+    "show": ("stack.bookings", "register_show"),
+    "bookings": ("stack.bookings", "register_bookings"),
+    "token": ("stack.people", "register_token"),
+    "issuer": ("stack.people", "register_issuer"),
+    "kill": ("stack.ops", "register_kill"),
+    "stop": ("stack.ops", "register_stop"),
+    "start": ("stack.ops", "register_start"),
+    "fault": ("stack.ops", "register_fault"),
+    "dlq": ("stack.dlq", "register_dlq"),
+    "recovery": ("stack.dlq", "register_recovery"),
+    "verify": ("stack.verify", "register_verify"),
+    "chaos": ("stack.chaos", "register_chaos"),
+    "demo": ("stack.demo", "register_demo"),
+}
+
+
+class _LazyRegistrar:
+    """A command's ``register`` function, its module imported when the command's parser is built."""
+
+    def __init__(self, module: str, function: str) -> None:
+        self.module = module
+        self.function = function
+
+    def __call__(self, subparsers: Subparsers) -> None:
+        register: Registrar = getattr(importlib.import_module(self.module), self.function)
+        register(subparsers)
+
+    def __repr__(self) -> str:
+        return f"<register {self.module}:{self.function}>"
+
+
+COMMAND_REGISTRARS: dict[str, Registrar] = {"serve": register_serve}
+COMMAND_REGISTRARS.update((name, _LazyRegistrar(*where)) for name, where in _COMMAND_MODULES.items())
+"""Command name → the registrar that adds its parser (and imports its module only then)."""
+
+COMMANDS: list[Registrar] = list(COMMAND_REGISTRARS.values())
 
 
 def build_parser(commands: Sequence[Registrar] | None = None) -> argparse.ArgumentParser:
@@ -146,12 +163,22 @@ def build_parser(commands: Sequence[Registrar] | None = None) -> argparse.Argume
     return parser
 
 
+def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser ``main`` parses ``argv`` with: only the command ``argv`` starts with (its module alone imported),
+    or every command when it starts with none (``--help``, nothing, a name that is no command). Usage, help and
+    errors read the same from either: the top level's usage names no command (``<command>``)."""
+    if argv and argv[0] in COMMAND_REGISTRARS:
+        return build_parser([COMMAND_REGISTRARS[argv[0]]])
+    return build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = parser_for(argv)
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
-        parser.print_help(sys.stderr)
+        build_parser().print_help(sys.stderr)  # every command, whichever parser parsed
         return EXIT_USAGE
     return handler(args)
 

@@ -3,21 +3,24 @@
 One pooled ``infra.http.create_http_client(base_url, audience=...)`` (budget, ``traceparent`` and service token
 headers on every request) under the SDK's ``JsonRpcTransport``; the whole call is bounded by the remaining budget
 too. The token names this service and the peer (``infra.auth``): the peer refuses one minted for anyone else.
+
+The SDK's client side (``a2a.client``: its transports and, through ``a2a.client.optionals``, ``grpc``; 0.2 s) is
+imported with the first call, in a worker thread so the loop keeps answering, not when the service starts: the
+transport is built then (docs/benchmarks.md#start-up).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import time
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, NoReturn, Self
+from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 import httpx
-from a2a.client.errors import A2AClientError, A2AClientTimeoutError
-from a2a.client.transports.jsonrpc import JsonRpcTransport
 from a2a.types.a2a_pb2 import (
     AgentCard,
     Message,
@@ -50,7 +53,32 @@ from resilience.errors import (
     BudgetExhaustedError,
 )
 
+if TYPE_CHECKING:
+    from a2a.client.transports.jsonrpc import JsonRpcTransport
+
 _tracer = trace.get_tracer("concierge.a2a")
+
+SDK_CLIENT_MODULES = ("a2a.client.errors", "a2a.client.transports.jsonrpc")
+"""The SDK's client side, imported with the first call (``load_sdk_client``), not at start."""
+_sdk_client_loaded = False
+
+
+def _import_sdk_client() -> None:
+    for name in SDK_CLIENT_MODULES:
+        importlib.import_module(name)
+
+
+async def load_sdk_client() -> None:
+    """Import the SDK's client side in a worker thread (the loop keeps answering meanwhile); at once when loaded.
+
+    Done means the import finished, not begun: a module another thread is still importing is already in
+    ``sys.modules``, and importing it on the loop's thread would wait there for that thread. Calls racing to be
+    first each wait in a worker thread instead (the import lock lets one of them run it).
+    """
+    global _sdk_client_loaded
+    if not _sdk_client_loaded:
+        await asyncio.to_thread(_import_sdk_client)
+        _sdk_client_loaded = True
 
 
 class A2AClient:
@@ -74,16 +102,24 @@ class A2AClient:
         self._owns_http = http is None
         self._http = http if http is not None else create_http_client(self._base_url, audience=audience, issuer=issuer)
         self._http.headers.setdefault(VERSION_HEADER, PROTOCOL_VERSION_CURRENT)
-        # Talking to the transport directly skips a card fetch per peer and the client's interceptor chain;
-        # the endpoint path is fixed by our contract, not discovered.
-        self._transport = JsonRpcTransport(
-            self._http, AgentCard(name=self._base_url), f"{self._base_url}{A2A_PATH}", is_shared_httpx=True
-        )
+        self._transport: JsonRpcTransport | None = None  # with the first call: ``_jsonrpc``
         self._configuration = SendMessageConfiguration(history_length=0)
 
     @property
     def base_url(self) -> str:
         return self._base_url
+
+    async def _jsonrpc(self) -> JsonRpcTransport:
+        if self._transport is None:
+            await load_sdk_client()
+            from a2a.client.transports.jsonrpc import JsonRpcTransport  # loaded just above: a lookup
+
+            # Talking to the transport directly skips a card fetch per peer and the client's interceptor chain;
+            # the endpoint path is fixed by our contract, not discovered.
+            self._transport = JsonRpcTransport(
+                self._http, AgentCard(name=self._base_url), f"{self._base_url}{A2A_PATH}", is_shared_httpx=True
+            )
+        return self._transport
 
     async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
         """Run ``skill`` on the peer with ``data`` as its input; the result dict, or an ``A2AError``."""
@@ -121,11 +157,14 @@ class A2AClient:
                 )
 
     async def _send(self, skill: str, request: SendMessageRequest) -> SendMessageResponse:
+        transport = await self._jsonrpc()
+        from a2a.client.errors import A2AClientTimeoutError  # loaded with the transport: a lookup
+
         # httpx's timeout is per phase (connect, write, read); this bounds the whole call by the budget.
         scope = asyncio.timeout(remaining_budget())
         try:
             async with scope:
-                return await self._transport.send_message(request)
+                return await transport.send_message(request)
         except TimeoutError as exc:
             sent = not never_connected(exc)
             if isinstance(exc, BudgetExhaustedError) or scope.expired():
@@ -194,6 +233,8 @@ def _error_detail(response: httpx.Response) -> str:
 
 
 def _raise_transport_error(where: str, exc: SdkA2AError) -> NoReturn:
+    from a2a.client.errors import A2AClientError  # the SDK's client side raised exc: loaded
+
     cause = exc.__cause__
     if isinstance(cause, httpx.HTTPStatusError):
         _raise_for_status(where, cause.response, exc)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import psycopg
 import pytest
 from fastapi import FastAPI, Request, WebSocket
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -68,6 +69,8 @@ def build_app(**kwargs: object) -> FastAPI:
         "bulkhead-full": BulkheadFullError("search_agent", 4, 0.1),
         "bulkhead-timeout": BulkheadTimeoutError("search_agent", 1.0),
         "budget": BudgetExhaustedError("timeout budget exhausted"),
+        # a virtual row of the error table (psycopg is not imported for it): the error boundary answers it
+        "postgres": psycopg.OperationalError("server closed the connection unexpectedly"),
     }
 
     @app.get("/fail/{kind}")
@@ -269,6 +272,13 @@ async def test_resilience_errors_map_to_503_and_504(
     response = await client.get(f"/fail/{kind}")
     assert response.status_code == status
     assert response.json()["error"]["code"] == code
+
+
+async def test_a_postgres_outage_is_503_dependency_unavailable_with_retry_after(client: httpx.AsyncClient) -> None:
+    response = await client.get("/fail/postgres")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "dependency_unavailable"
 
 
 async def test_unexpected_error_is_500_without_traceback_and_is_logged(

@@ -20,7 +20,7 @@ import pytest
 from domain.booking import BookingStatus
 from infra.settings import get_settings
 from stack.book import booking_body, steps_between
-from stack.cli import build_parser, main
+from stack.cli import COMMAND_REGISTRARS, build_parser, main, parser_for
 from stack.down import stop_stack
 from stack.errors import StackError, StackNotRunningError, UsageError
 from stack.layout import parse_assignments, plan_fronts, plan_instances, select_instances
@@ -339,6 +339,34 @@ def test_bad_options_are_usage_errors(
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert message in one_line(err)
+
+
+# ------------------------------------------------------------------- one command's parser, or every command's
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_command_is_named_once_and_listed_in_the_help() -> None:
+    whole = _subparsers(build_parser())
+    assert list(whole) == list(COMMAND_REGISTRARS)
+    assert all(name in build_parser().format_help() for name in COMMAND_REGISTRARS)
+
+
+@pytest.mark.parametrize("command", list(COMMAND_REGISTRARS))
+def test_a_command_parsed_alone_reads_as_in_the_whole_parser(command: str) -> None:
+    # main builds only the command named first (its module alone imported): same usage, help and options
+    alone = parser_for([command, "--anything"])
+    assert list(_subparsers(alone)) == [command]
+    assert _subparsers(alone)[command].format_help() == _subparsers(build_parser())[command].format_help()
+    assert alone.format_usage() == build_parser().format_usage()
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["bogus"], ["-h", "serve"]])
+def test_without_a_command_first_the_whole_parser_answers(argv: list[str]) -> None:
+    assert list(_subparsers(parser_for(argv))) == list(COMMAND_REGISTRARS)
 
 
 def test_booking_body_turns_nights_into_a_checkout() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterator
 
 import httpx
@@ -12,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from infra.auth import NoServiceIdentityError, use_service_identity, verify_service_token
-from infra.http import create_http_client
+from infra.http import create_http_client, never_connected
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry
 from resilience import BUDGET_HEADER, budget_scope
@@ -133,3 +134,31 @@ async def test_each_attempt_is_its_own_span_and_failures_mark_it(spans: InMemory
     assert refused.attributes is not None and refused.attributes["error.type"] == "ConnectError"
     assert "http.response.status_code" not in refused.attributes
     assert [event.name for event in refused.events] == ["exception"]
+
+
+def test_every_client_verifies_tls_with_one_shared_context_as_httpx_builds_it() -> None:
+    from infra.http import _ssl_context
+
+    context = _ssl_context()
+    assert context is _ssl_context()  # built once per process, not per client (docs/benchmarks.md#start-up)
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname  # httpx's verify=True
+    assert context.cert_store_stats()["x509_ca"] > 0
+
+
+@pytest.mark.parametrize(
+    ("exc", "never"),
+    [
+        (httpx.ConnectError("refused"), True),
+        (httpx.ConnectTimeout("slow"), True),
+        (httpx.PoolTimeout("no free connection"), True),
+        (httpx.ReadTimeout("sent, no answer"), False),
+        (httpx.RemoteProtocolError("reset"), False),
+        (RuntimeError("no request at all"), False),
+    ],
+)
+def test_never_connected_names_the_failures_before_a_byte_left(exc: Exception, never: bool) -> None:
+    assert never_connected(exc) is never
+    try:
+        raise RuntimeError("wrapped") from exc
+    except RuntimeError as wrapped:
+        assert never_connected(wrapped) is never  # what it was raised from counts
