@@ -234,6 +234,24 @@ def test_idempotency_keys_are_per_person(http: httpx.Client, stack: Stack, issue
         assert stack.wait(booking_id)["status"] == "confirmed"
 
 
+def test_a_chats_message_key_reused_with_another_text_is_422(
+    http: httpx.Client, stack: Stack, issuer: LocalIssuer
+) -> None:
+    gina = person(issuer, "gina")
+    concierge = stack.url("concierge-agent")
+    chat_id = http.post(f"{concierge}/chats", headers=gina).json()["chat_id"]
+    key = {**gina, "Idempotency-Key": f"msg-{uuid.uuid4().hex[:8]}"}
+    first = http.post(f"{concierge}/chats/{chat_id}/messages", json={"text": "Hi!"}, headers=key)
+    assert first.status_code == 202, first.text
+    again = http.post(f"{concierge}/chats/{chat_id}/messages", json={"text": "Hi!"}, headers=key)
+    assert again.status_code == 202 and again.json()["turn_id"] == first.json()["turn_id"], again.text
+    other = http.post(f"{concierge}/chats/{chat_id}/messages", json={"text": "Cancel it all"}, headers=key)
+    assert other.status_code == 422, other.text
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    view = http.get(f"{concierge}/chats/{chat_id}", params={"wait": 60}, headers=gina, timeout=80).json()
+    assert [m["content"] for m in view["messages"] if m["role"] == "user"] == ["Hi!"], view
+
+
 def test_every_kind_of_bad_token_is_refused(
     http: httpx.Client, stack: Stack, issuer: LocalIssuer, tmp_path: Path
 ) -> None:
