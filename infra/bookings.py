@@ -116,6 +116,7 @@ if ARGV[1] == '1' then
     fields[#fields + 1] = value
   end
   redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('EXPIRE', KEYS[1], ARGV[4])  -- a final booking is kept as long as its journal, then goes with it
   redis.call('ZREM', KEYS[2], KEYS[1])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
   redis.call('EXPIRE', KEYS[3], ARGV[4])

@@ -149,6 +149,27 @@ async def test_a_long_wait_backs_off_and_reads_the_status_only(redis) -> None:
     assert store.reads == ["record", "status", "status", "status", "record"], store.reads
 
 
+async def test_a_booking_is_its_owners_in_lists_keys_and_records_and_expires_once_final(
+    store: BookingStore, redis: Any
+) -> None:
+    assert await store.create("ba", {**REQUEST, "owner": "alice"})
+    assert await store.create("bb", {**REQUEST, "owner": "bob"})
+    assert await store.owner("ba") == (True, "alice") and await store.owner("nope") == (False, None)
+    assert (await store.get("ba") or {})["owner"] == "alice"
+    alices, _ = await store.page(status=None, limit=10, cursor=None, owner="alice", everyone=False)
+    everyone, _ = await store.page(status=None, limit=10, cursor=None)
+    assert [b["booking_id"] for b in alices] == ["ba"] and {"ba", "bb"} <= {b["booking_id"] for b in everyone}
+    assert 0 < await redis.ttl(store.owner_index_key("alice")) <= 7 * 24 * 3600  # a person's index expires
+    # keys are per person: the same key from two people binds two bookings
+    assert await store.claim_client_key("k", "h", "ba", "alice") == ("ba", True)
+    assert await store.claim_client_key("k", "h", "bb", "bob") == ("bb", True)
+    assert await store.booking_for_key("k", "alice") == "ba" and await store.booking_for_key("k", "bob") == "bb"
+    # a booking in flight stays; a final one goes with its journal
+    assert await redis.ttl(bookings.booking_key("ba")) == -1
+    assert await store.update("ba", status="confirmed")
+    assert 0 < await redis.ttl(bookings.booking_key("ba")) <= 7 * 24 * 3600
+
+
 async def test_a_client_key_binds_one_booking_and_remembers_the_body(store: BookingStore) -> None:
     assert await store.claim_client_key("k1", "hash-a", "first") == ("first", True)
     assert await store.claim_client_key("k1", "hash-a", "second") == ("first", True)
