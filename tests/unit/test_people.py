@@ -250,3 +250,46 @@ def test_an_empty_issuer_setting_is_an_unset_one(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("CONCIERGE_AUTH_ISSUER", " ")
     with pytest.raises(PeopleConfigError):
         PeopleGate.from_settings(Settings())
+
+
+async def test_a_verified_token_is_remembered_until_it_expires_and_no_longer(
+    issuer: LocalIssuer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1_000_000.0]
+    verifier = PersonVerifier(
+        issuer=ISSUER, audience="concierge", jwks=JwksSource(path=issuer.jwks_path), clock=lambda: now[0]
+    )
+    token = issuer.mint("ana", now=now[0], ttl_s=60)
+    checks = []
+    original = verifier._check
+
+    async def counted(presented: str) -> tuple[Person, float]:
+        checks.append(presented)
+        return await original(presented)
+
+    monkeypatch.setattr(verifier, "_check", counted)
+    monkeypatch.setattr(jwt.api_jwt, "datetime", _FrozenDatetime(now))  # PyJWT reads the time itself
+    assert await verifier.verify(token) == Person("ana")
+    assert await verifier.verify(token) == Person("ana")
+    assert len(checks) == 1  # the second request cost a lookup, not a signature check
+    now[0] += 60 + 61  # past exp and the leeway: checked again, and refused
+    with pytest.raises(InvalidPersonTokenError, match="exp"):
+        await verifier.verify(token)
+    assert len(checks) == 2
+
+
+class _FrozenDatetime:
+    """``datetime`` for PyJWT with ``now`` from the test's clock."""
+
+    def __init__(self, now: list[float]) -> None:
+        self._now = now
+
+    def now(self, tz: Any = None) -> Any:
+        import datetime as dt
+
+        return dt.datetime.fromtimestamp(self._now[0], tz=dt.UTC)
+
+    def __getattr__(self, name: str) -> Any:
+        import datetime as dt
+
+        return getattr(dt.datetime, name)
