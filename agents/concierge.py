@@ -643,6 +643,11 @@ async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
     service = _service()
     context_id = str(data.get("context_id") or uuid.uuid4().hex)
     person = current_person()  # the person the calling service acts for (its token's sub): the chat is theirs
+    if person is None and get_settings().auth == "on":
+        raise SkillFailure(
+            ErrorCode.UNAUTHENTICATED,
+            "the concierge talks for a person: call it with a service token naming them (sub, and act = the caller)",
+        )
     chat_id = a2a_chat_id(context_id, person)
     if not await service.deps.chats.exists(chat_id):
         await service.deps.chats.create(chat_id, person)
