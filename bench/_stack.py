@@ -307,3 +307,20 @@ def hop_pair() -> Iterator[HopPair]:
         backend = bench_app(procs, "hop_backend_app", port=backend_port)
         front = bench_app(procs, "hop_front_app", port=front_port)
         yield HopPair(front=front.url, backend=backend.url, pids=(front.pid, backend.pid))
+
+
+CORE_READY_TIMEOUT_S = 180.0
+"""Longer than the harness's 30 s: on a busy shared machine starting one service has taken more."""
+
+
+def core_stack(cleanup: contextlib.ExitStack, redis_url: str, admin_database_url: str, env: dict[str, str]) -> Stack:
+    """The five core services on a fresh database and a temporary directory, gone with ``cleanup``; started side
+    by side, each given ``CORE_READY_TIMEOUT_S`` to be ready."""
+    workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="concierge-bench-")))
+    database = cleanup.enter_context(fresh_database(admin_database_url, name_prefix="concierge_bench"))
+    stack = cleanup.enter_context(Stack(workdir, redis_url, database_url=database, span_files=False, env=env))
+    for service in CORE:
+        stack.serve(service, wait=False)
+    for service in CORE:
+        stack.services[service].wait_ready(timeout=CORE_READY_TIMEOUT_S)
+    return stack

@@ -26,13 +26,12 @@ from typing import Any
 
 import httpx
 
-from bench._stack import machine, percentiles, write_results
+from bench._stack import core_stack, machine, percentiles, write_results
 from bench.booking_throughput import BookingFactory
 from infra.people import LOCAL_ISSUER, LocalIssuer
-from tests.stack import CORE, TEST_DATABASE_URL, Stack, fresh_database
+from tests.stack import TEST_DATABASE_URL, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results" / "people.json"
-READY_TIMEOUT_S = 180.0
 OFF, ON = "CONCIERGE_AUTH=off", "identities on"
 TARGET = 0.02
 """The booking's p50 with identities on at most 2% above the baseline's."""
@@ -100,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path),
             },
         }
-        stacks = {side: _stack(cleanup, workdir / side.split()[0], options, env) for side, env in sides.items()}
+        stacks = {
+            side: core_stack(cleanup, options.redis_url, options.admin_database_url, env) for side, env in sides.items()
+        }
         tokens: dict[str, list[str | None]] = {
             OFF: [None] * options.clients,
             ON: [issuer.mint(f"bench-{uuid.uuid4().hex[:8]}") for _ in range(options.clients)],
@@ -147,18 +148,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         {"machine": machine(), "options": vars(options) | {"output": str(options.output)}, "rows": rows, "cost": cost},
     )
     return 0 if cost <= TARGET else 1
-
-
-def _stack(cleanup: contextlib.ExitStack, workdir: Path, options: argparse.Namespace, env: dict[str, str]) -> Stack:
-    """Five services on a fresh database, each given longer than the harness's 30 s to get ready."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    database = cleanup.enter_context(fresh_database(options.admin_database_url, name_prefix="concierge_bench"))
-    stack = cleanup.enter_context(Stack(workdir, options.redis_url, database_url=database, span_files=False, env=env))
-    for service in CORE:
-        stack.serve(service, wait=False)
-    for service in CORE:
-        stack.services[service].wait_ready(timeout=READY_TIMEOUT_S)
-    return stack
 
 
 if __name__ == "__main__":

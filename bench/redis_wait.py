@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,13 +23,12 @@ from typing import Any
 
 import httpx
 
-from bench._stack import machine, percentiles, write_results
+from bench._stack import core_stack, machine, percentiles, write_results
 from bench.booking_throughput import BookingFactory
 from tests.redis_topologies import SentinelTopology
-from tests.stack import CORE, TEST_DATABASE_URL, Stack, fresh_database
+from tests.stack import TEST_DATABASE_URL, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results" / "redis_wait.json"
-READY_TIMEOUT_S = 180.0
 SIDES = {"no wait": {"REDIS_WAIT_REPLICAS": "0"}, "WAIT 1": {"REDIS_WAIT_REPLICAS": "1"}}
 
 
@@ -76,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as cleanup:
         redis = cleanup.enter_context(SentinelTopology(replicas=1))  # its sentinels idle: no failover here
         url = f"redis://127.0.0.1:{redis.master.port}/0"
-        stacks = {side: _stack(cleanup, url, options.admin_database_url, env) for side, env in SIDES.items()}
+        stacks = {side: core_stack(cleanup, url, options.admin_database_url, env) for side, env in SIDES.items()}
         print(f"master :{redis.master.port}, replica :{redis.replicas[0].port}; two stacks up", flush=True)
         factory = BookingFactory(7)
         for stack in stacks.values():  # warm-up, not counted
@@ -115,19 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.output, {"machine": machine(), "options": vars(options) | {"output": str(options.output)}, "rows": rows}
     )
     return 0
-
-
-def _stack(cleanup: contextlib.ExitStack, redis_url: str, admin_database_url: str, env: dict[str, str]) -> Stack:
-    """Five services on a fresh database (the Redis is this bench's own: its keys go with it), each given longer
-    than the harness's 30 s to get ready: on a busy shared machine starting one has taken more."""
-    workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="concierge-bench-")))
-    database = cleanup.enter_context(fresh_database(admin_database_url, name_prefix="concierge_bench"))
-    stack = cleanup.enter_context(Stack(workdir, redis_url, database_url=database, span_files=False, env=env))
-    for service in CORE:
-        stack.serve(service, wait=False)
-    for service in CORE:
-        stack.services[service].wait_ready(timeout=READY_TIMEOUT_S)
-    return stack
 
 
 def _wait_calls(redis: SentinelTopology) -> int:

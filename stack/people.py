@@ -14,17 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from infra.people import LOCAL_ISSUER, LocalIssuer
 from infra.settings import get_settings
-from stack.console import EXIT_OK, one_line_errors
+from stack.console import EXIT_OK, Subparsers, one_line_errors
 from stack.errors import StackError, UsageError
-
-if TYPE_CHECKING:
-    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
-else:
-    Subparsers = argparse._SubParsersAction
 
 __all__ = [
     "DEFAULT_USER",
