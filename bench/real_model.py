@@ -36,24 +36,20 @@ import datetime as dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench._stack import machine, service_stack, write_results
 from bench.layer_costs import Edit, make_tree
-from tests.procs import free_port
+from tests.model.server import model_server
 from tests.stack import CORE, Stack
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "real_model.json"
-SCRIPT = ROOT / "scripts" / "model_server.py"
 PHRASINGS = ROOT / "tests" / "model" / "phrasings.txt"
 CITIES = ("Lisbon", "Porto", "Rome", "Madrid", "Paris", "Berlin", "Barcelona")
 TARGET_RATIO = 1.05
@@ -94,44 +90,6 @@ def log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the model server
-
-
-@contextlib.contextmanager
-def model_server(given: str | None) -> Iterator[tuple[str, str]]:
-    """(base URL, alias) of llama.cpp's server: ``given``, or one started here and stopped at the end."""
-    if given:
-        url = given.rstrip("/")
-        yield url, _alias(url)
-        return
-    port = free_port()
-    out = tempfile.NamedTemporaryFile(prefix="model-server-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "serve", "--port", str(port)], stdout=out, stderr=out)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 900
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"model server did not start: {Path(out.name).read_text()[-2000:]}")
-            time.sleep(1)
-        yield url, _alias(url)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        Path(out.name).unlink(missing_ok=True)
-
-
-def _alias(url: str) -> str:
-    return str(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"])
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 # ----------------------------------------------------------------------------------------------- the chats
@@ -425,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     load_before = os.getloadavg()
     with contextlib.ExitStack() as cleanup:
-        url, alias = cleanup.enter_context(model_server(args.model_url))
+        server_log = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="model-server-"))) / "server.log"
+        url, alias = cleanup.enter_context(model_server(server_log, args.model_url))
         env = {**MODEL_ENV, "LLM_BASE_URL": f"{url}/v1", "LLM_MODEL": alias}
         services = (*CORE, "concierge-agent")
         log(f"model {alias} at {url}; starting the stack(s)")

@@ -19,22 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.test_concierge import approve, chat, events, new_chat, say, start, verify
-from tests.procs import free_port
+from tests.model.server import SCRIPT, UNAVAILABLE
+from tests.model.server import model_server as running_model_server
 from tests.stack import CORE, Stack, fresh_database
 
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "model_server.py"
 PHRASINGS = [
     line.strip() for line in (Path(__file__).parent / "phrasings.txt").read_text().splitlines() if line.strip()
 ]
-UNAVAILABLE = 3  # model_server.py fetch: a registry or the sha256 did not answer
-SERVER_START_S = 900.0  # loading and warming 491 MB on two busy cores
 TURN_S = 3600.0  # a cold CPU model on a shared machine: minutes per call (no test asserts how long)
 # a CPU model reads a ~850-token prompt in 10 s idle, minutes under load: the defaults (15 s / 60 s / 120 s) are cloud's
 MODEL_ENV = {
@@ -50,45 +47,13 @@ MODEL_ENV = {
 def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(base URL, model alias) of a fresh server, or of ``CONCIERGE_MODEL_SERVER_URL`` when one is already up."""
     given = os.environ.get("CONCIERGE_MODEL_SERVER_URL")
-    if given:
-        yield given.rstrip("/"), alias(given.rstrip("/"))
-        return
-    fetched = subprocess.run([sys.executable, str(SCRIPT), "fetch"], capture_output=True, text=True, timeout=3600)
-    if fetched.returncode == UNAVAILABLE:
-        pytest.skip(fetched.stderr.strip().splitlines()[-1])
-    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
-    port = free_port()
-    log = tmp_path_factory.mktemp("model") / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), "serve", "--port", str(port)], stdout=out, stderr=out)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while not ready(url):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            if time.monotonic() > deadline:
-                pytest.fail(f"{url}/health did not answer: {log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield url, alias(url)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-
-
-def alias(url: str) -> str:
-    """The name the server answers to (model_server.py's alias): what ``LLM_MODEL`` says."""
-    return str(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"])
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
+    if not given:
+        fetched = subprocess.run([sys.executable, str(SCRIPT), "fetch"], capture_output=True, text=True, timeout=3600)
+        if fetched.returncode == UNAVAILABLE:
+            pytest.skip(fetched.stderr.strip().splitlines()[-1])
+        assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    with running_model_server(tmp_path_factory.mktemp("model") / "server.log", given) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
