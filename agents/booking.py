@@ -565,8 +565,11 @@ async def get_booking(
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 0.0,
 ) -> dict[str, Any]:
     store: BookingStore = app.state.booking.bookings
-    await _visible(store, booking_id, who)  # a long-poll on another person's booking answers 404 at once
-    booking = await store.wait_final(booking_id, wait) if wait > 0 else await store.get(booking_id)
+    if wait > 0:
+        await _visible(store, booking_id, who)  # a long-poll on another person's booking answers 404 at once
+        booking = await store.wait_final(booking_id, wait)
+    else:
+        booking = await store.get(booking_id)
     if booking is None or not who.may_see(booking.get("owner")):
         raise _no_booking(booking_id)
     return booking

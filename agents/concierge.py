@@ -350,9 +350,10 @@ class ConciergeService:
             hand_off=self.guard.safe_enqueue,
         )
 
-    async def view(self, chat_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+    async def view(self, chat_id: str, wait_s: float = 0.0, who: Caller | None = None) -> dict[str, Any]:
+        """The chat as ``GET /chats/{id}`` shows it (404 when there is none, or it is not ``who``'s)."""
         chat = await self.deps.chats.get(chat_id)
-        if chat is None:
+        if chat is None or (who is not None and not who.may_see(chat.get("owner"))):
             raise HTTPException(status_code=404, detail=f"no chat {chat_id}")
         # reading decides nothing: an approval past its TTL shows as it stands until the sweeper decides it
         record = await self.runs.get(chat_id)
@@ -521,8 +522,7 @@ async def get_chat(
 ) -> dict[str, Any]:
     """The chat; with `wait`, once its turn is not `running` any more (or the wait is over)."""
     service: ConciergeService = app.state.concierge
-    await service.known(chat_id, who)
-    return await service.view(chat_id, wait)
+    return await service.view(chat_id, wait, who)
 
 
 def _encode_cursor(score: float) -> str:

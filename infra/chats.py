@@ -145,11 +145,8 @@ class ChatStore:
 
     async def owner(self, chat_id: str) -> tuple[bool, str | None]:
         """Whether the chat exists, and whose it is."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.exists(chat_key(chat_id))
-            pipe.hget(chat_key(chat_id), "owner")
-            exists, owner = await pipe.execute()
-        return bool(exists), (text(owner) or None) if owner is not None else None
+        found, owner = await self.redis.hmget(chat_key(chat_id), ["chat_id", "owner"])
+        return found is not None, (text(owner) or None) if owner is not None else None
 
     async def claim_message_key(self, chat_id: str, client_key: str, text_digest: str) -> bool:
         """Bind the chat's ``Idempotency-Key`` to the message's text; False when it came before with another."""

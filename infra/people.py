@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ from typing import Any, Final
 
 import jwt
 
+from infra.auth import admin_token_ok, bearer_credentials
 from infra.settings import Settings
 
 __all__ = [
@@ -406,11 +406,11 @@ class PeopleGate:
 
     async def caller(self, authorization: str | None) -> Caller:
         """``Caller`` for the header, or a ``PersonAuthError`` (401, or 503 when the issuer's keys are unreadable)."""
-        token = _bearer(authorization)
         if self.verifier is None:  # identities off: nobody to tell apart, so every caller sees every record
             return Caller(ANONYMOUS, operator=True)
-        if self._admin is not None and token is not None and hmac.compare_digest(token.encode(), self._admin.encode()):
+        if self._admin is not None and admin_token_ok(authorization, self._admin):
             return Caller(OPERATOR, operator=True)
+        token = bearer_credentials(authorization)
         if authorization is not None and token is None:
             raise InvalidPersonTokenError("not a Bearer credential")
         person = await self.verifier.verify(token)
@@ -440,11 +440,3 @@ class PeopleGate:
 def person_key(person: str) -> str:
     """A person's id as a Redis key part: fixed length, whatever characters their ``sub`` holds."""
     return hashlib.sha256(person.encode()).hexdigest()[:32]
-
-
-def _bearer(header: str | None) -> str | None:
-    if not header:
-        return None
-    scheme, _, credentials = header.partition(" ")
-    credentials = credentials.strip()
-    return credentials if scheme.lower() == "bearer" and credentials else None

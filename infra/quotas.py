@@ -112,10 +112,10 @@ class PersonQuotas:
                 wait,
             )
 
-    async def open_stream(self, person: str) -> Release:
-        """Count one open stream (``QuotaExceededError`` when ``max_streams`` are open); await what it returns when
-        the stream ends."""
-        if self.max_streams is None:
+    async def open_stream(self, person: str | None) -> Release:
+        """Count one open stream of ``person`` (``None``: the operator's, not counted); ``QuotaExceededError`` when
+        ``max_streams`` are open. Await what it returns when the stream ends."""
+        if self.max_streams is None or person is None:
             return _nothing
         streams = key("people", "streams", person_key(person))
         stream_id = uuid.uuid4().hex

@@ -19,7 +19,7 @@ __all__ = ["PEOPLE_ANSWERS", "Who", "open_stream"]
 async def _who(request: Request) -> Caller:
     gate: PeopleGate = request.app.state.people
     caller = await gate.caller(request.headers.get("authorization"))
-    if gate.enabled and not caller.operator:  # with auth off there is no person to share among
+    if not caller.operator:  # the operator, and everyone with auth off (nobody to share among), has no quota
         quotas: PersonQuotas = request.app.state.quotas
         await quotas.count_request(caller.person)
     return caller
@@ -33,14 +33,7 @@ async def open_stream(request: Request, caller: Caller) -> Release:
     """Count a journal stream against the caller's ``PERSON_MAX_STREAMS`` (429 now, before the stream's 200); await
     what it returns when the stream ends."""
     quotas: PersonQuotas = request.app.state.quotas
-    gate: PeopleGate = request.app.state.people
-    if caller.operator or not gate.enabled:
-        return _nothing
-    return await quotas.open_stream(caller.person)
-
-
-async def _nothing() -> None:
-    return None
+    return await quotas.open_stream(None if caller.operator else caller.person)
 
 
 PEOPLE_ANSWERS: tuple[Answer, ...] = (
