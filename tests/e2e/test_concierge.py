@@ -367,9 +367,12 @@ def test_the_a2a_concierge_skill_streams_the_answer_over_message_stream(stack: S
     assert "Porto" in answer and "".join(streamed).endswith(answer), (streamed, answer)
 
 
-def a2a_concierge(stack: Stack, context_id: str, skill_input: dict[str, Any]) -> dict[str, Any]:
-    """One blocking ``SendMessage`` of the ``concierge`` skill in the conversation ``context_id``: its task."""
-    token = stack.service_token("booking-agent", "concierge-agent")
+def a2a_concierge(
+    stack: Stack, context_id: str, skill_input: dict[str, Any], token: str | None = None
+) -> dict[str, Any]:
+    """One blocking ``SendMessage`` of the ``concierge`` skill in the conversation ``context_id``: its task (sent
+    with ``token``, by default booking-agent's, for no person)."""
+    token = token or stack.service_token("booking-agent", "concierge-agent")
     body = {
         "jsonrpc": "2.0",
         "id": 3,

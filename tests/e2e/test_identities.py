@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from infra.auth import mint_service_token
 from infra.people import LOCAL_ISSUER, LocalIssuer
-from tests.e2e.test_concierge import START_S, start
+from tests.e2e.test_concierge import START_S, a2a_concierge, a2a_result, start
 from tests.stack import CORE, Stack, fresh_database, stay
 
 pytestmark = pytest.mark.e2e
@@ -400,30 +400,12 @@ def test_the_concierges_a2a_skill_talks_for_the_person_its_caller_names(
     hana = person(issuer, "hana")
 
     def send(token: str) -> dict[str, Any]:
-        body = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "SendMessage",
-            "params": {
-                "message": {
-                    "role": "ROLE_USER",
-                    "messageId": uuid.uuid4().hex,
-                    "contextId": uuid.uuid4().hex,
-                    "parts": [{"data": {"skill": "concierge", "input": {"text": "Hi!"}}}],
-                }
-            },
-        }
-        headers = {"Authorization": f"Bearer {token}", "A2A-Version": "1.0"}
-        response = http.post(f"{stack.url('concierge-agent')}/a2a", json=body, headers=headers, timeout=90)
-        assert response.status_code == 200, response.text
-        return dict(response.json()["result"]["task"])
+        return a2a_concierge(stack, uuid.uuid4().hex, {"text": "Hi!"}, token)
 
     nobody = send(mint_service_token(stack.secret, issuer="booking-agent", audience="concierge-agent"))
     assert nobody["status"]["state"] == "TASK_STATE_FAILED" and "unauthenticated" in json.dumps(nobody), nobody
     token = mint_service_token(stack.secret, issuer="booking-agent", audience="concierge-agent", person=sub_of(hana))
-    task = send(token)
-    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
-    chat_id = next(p["data"] for p in task["artifacts"][0]["parts"] if "data" in p)["chat_id"]
+    chat_id = a2a_result(send(token))["chat_id"]  # completed, for hana
     assert chat_id in listed(http, stack, hana, "concierge-agent")
     assert chat_id not in listed(http, stack, person(issuer, "ivan"), "concierge-agent")
 
