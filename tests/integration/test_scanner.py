@@ -31,6 +31,23 @@ async def orphan(store: RunStore, thread_id: str) -> None:
     assert await store.create(thread_id, "booking", {"id": thread_id}, "dead-agent") is not None
 
 
+def enqueue_after(barrier: asyncio.Barrier, enqueue, outcomes: list):
+    """``enqueue`` whose first call waits at ``barrier``; every outcome is noted in ``outcomes``."""
+    first = True
+
+    async def enqueue_orphans(thread_ids):
+        nonlocal first
+        if first:
+            first = False
+            async with asyncio.timeout(30):
+                await barrier.wait()
+        results = await enqueue(thread_ids)
+        outcomes.extend((result.thread_id, result.outcome) for result in results)
+        return results
+
+    return enqueue_orphans
+
+
 async def test_four_concurrent_scanners_enqueue_each_orphan_exactly_once(redis, redis_url):
     store = RunStore(redis, ttl=TTL)
     orphans = {f"orphan-{n}" for n in range(50)}
@@ -48,6 +65,13 @@ async def test_four_concurrent_scanners_enqueue_each_orphan_exactly_once(redis, 
 
     clients = [create_redis(redis_url) for _ in range(4)]
     scanners = [scanner_for(client, batch_size=7) for client in clients]
+    # all four read the same first page before any of them enqueues it, so they compete for the same orphans
+    # however the machine schedules them (one scanner alone could otherwise take every page first)
+    first_page = asyncio.Barrier(len(scanners))
+    outcomes: list[tuple[str, EnqueueOutcome]] = []
+    for scanner in scanners:
+        enqueue = enqueue_after(first_page, scanner.guard.enqueue_orphans, outcomes)
+        scanner.guard.enqueue_orphans = enqueue  # type: ignore[method-assign]
 
     async def scan_repeatedly(scanner: OrphanScanner) -> list[str]:
         found: list[str] = []
@@ -71,7 +95,9 @@ async def test_four_concurrent_scanners_enqueue_each_orphan_exactly_once(redis, 
     assert sorted(every_enqueue) == sorted(orphans)  # each orphan once, by exactly one scanner
     in_queue = await queued(redis, scanners[0])
     assert sorted(in_queue) == sorted(orphans)  # no live or final run, no duplicate
-    assert sum(1 for found in results if found) > 1  # the scanners really competed
+    # the scanners really competed: an orphan that one queued, the others were told was not theirs to queue
+    contested = [thread_id for thread_id, outcome in outcomes if outcome is not EnqueueOutcome.QUEUED]
+    assert len(contested) >= 3 * 7  # the first page's seven, lost by three of the four
 
 
 async def test_a_recovered_run_is_an_orphan_again_only_when_its_new_owner_dies(redis):
