@@ -49,9 +49,9 @@ from domain.chat import (
 )
 from graph.concierge import (
     CONCIERGE_GRAPH,
-    TOOLS,
     ConciergeDeps,
     build_concierge_graph,
+    offer_for,
     open_concierge_deps,
     turn_input,
 )
@@ -415,7 +415,8 @@ def _start_warm_up(deps: ConciergeDeps) -> asyncio.Task[bool] | None:
     if not isinstance(model, ChatModel) or not get_settings().llm_warm_up:
         return None
     messages = [SystemMessage(content=system_prompt()), HumanMessage(content="Hello")]
-    return asyncio.create_task(model.warm_up(messages, TOOLS), name="model-warm-up")
+    first = offer_for([], False, guided=get_settings().llm_guides_tools, first_call=True)
+    return asyncio.create_task(model.warm_up(messages, first.tools, first.tool_choice), name="model-warm-up")
 
 
 @asynccontextmanager

@@ -7,7 +7,8 @@ llama.cpp's server itself (``scripts/model_server.py serve``: Qwen2.5-Coder-0.5B
 template, one slot, temperature 0), or uses ``--model-url`` when one is already up. Prints markdown tables and
 writes ``bench/results/real_model.json``.
 
-- **First token.** On a stack (CORE + concierge-agent, ``CONCIERGE_AUTH=off``) pointed at the server: a new chat
+- **First token.** On a stack of its own (CORE + concierge-agent, ``CONCIERGE_AUTH=off``, ``LLM_GUIDED_TOOLS=off``:
+  a guided first call must call a tool) pointed at the server: a new chat
   and one plain message ("What can you do? Answer in one sentence. (N)": this model answers it in words, and a
   ``token`` entry is text; a number in it so no two prompts are the same and the server's prompt cache keeps only
   the shared prefix, the system prompt and the tools, as in a real turn). The concierge's time to
@@ -20,8 +21,9 @@ writes ``bench/results/real_model.json``.
   (the server has one slot), after one warm-up of each; medians, and the concierge's median over the model's.
 - **Eval.** Each kept phrasing (``tests/model/phrasings.txt``, dates in it) as a fresh chat on two stacks: this
   checkout ("with coping") and a copy of it with the coping switched off ("without coping", the copy first on the
-  services' ``PYTHONPATH``, as ``bench.layer_costs`` does): a repeated read runs again instead of being answered
-  from the earlier result, ``not_offered`` carries no offers (only its message, without "book one of these"), and
+  services' ``PYTHONPATH``, as ``bench.layer_costs`` does, and ``LLM_GUIDED_TOOLS=off``): every tool offered on
+  every call, a repeated read runs again instead of being answered from the earlier result, ``not_offered``
+  carries no offers (only its message, without "book one of these"), ``max_price_per_night: 0`` is refused, and
   the last allowed call's tool calls run instead of the turn answering in words. Right: the chat ends awaiting an
   approval whose ``hotel_id`` a search of the chat offered and whose city is the phrasing's. The model runs at
   temperature 0, so the two stacks' runs differ only from the first point where a coping behaviour fires.
@@ -73,6 +75,11 @@ NO_COPING: tuple[Edit, ...] = (
         "graph/concierge/graph.py",
         "        said = _out_of_steps(said)  # the last allowed call: its tool calls are not run, the turn answers\n",
         "        pass\n",
+    ),
+    Edit(  # max_price_per_night: 0 refused, not read as no limit
+        "graph/concierge/tools.py",
+        '        None, ge=0, allow_inf_nan=False, description="0 or absent: no limit."\n',
+        "        None, gt=0, allow_inf_nan=False\n",
     ),
     Edit(  # not_offered without the offers
         "graph/concierge/tools.py",
@@ -388,17 +395,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = {**MODEL_ENV, "LLM_BASE_URL": f"{url}/v1", "LLM_MODEL": alias}
         services = (*CORE, "concierge-agent")
         log(f"model {alias} at {url}; starting the stack(s)")
-        stacks = {
-            "with coping": cleanup.enter_context(service_stack(redis_url=args.redis_url, env=env, services=services))
-        }
+        ttft = None
+        if args.requests:
+            # unguided: a guided first call must call a tool, and only words make the journal's ``token`` entries
+            plain_env = {**env, "LLM_GUIDED_TOOLS": "off"}
+            with service_stack(redis_url=args.redis_url, env=plain_env, services=services) as stack:
+                ttft = first_token(stack, url, alias, args.requests, args.turn_s)
+        stacks: dict[str, Stack] = {}
+        if phrasings:
+            stacks["with coping"] = cleanup.enter_context(
+                service_stack(redis_url=args.redis_url, env=env, services=services)
+            )
         if "without coping" in variants and phrasings:
             tree = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="concierge-no-coping-")))
             make_tree(tree, NO_COPING)
-            patched = {**env, "PYTHONPATH": str(tree)}
+            patched = {**env, "PYTHONPATH": str(tree), "LLM_GUIDED_TOOLS": "off"}
             stacks["without coping"] = cleanup.enter_context(
                 service_stack(redis_url=args.redis_url, env=patched, services=services)
             )
-        ttft = first_token(stacks["with coping"], url, alias, args.requests, args.turn_s) if args.requests else None
         rows = evaluate(stacks, phrasings, args.turn_s) if phrasings else []
     load_after = os.getloadavg()
     report(ttft, rows, variants)

@@ -234,6 +234,14 @@ class Settings(BaseSettings):
         description="concierge-agent sends the model one small request at start, in the background (it loads the "
         "model and caches the system prompt): auto when LLM_BASE_URL's endpoint is local (LLM_ENDPOINT_KIND).",
     )
+    llm_guided_tools: Literal["auto", "on", "off"] = Field(
+        "auto",
+        validation_alias="LLM_GUIDED_TOOLS",
+        description="The concierge offers the model only the tools that can succeed in the chat as it stands "
+        "(book_hotel once a search has offered hotels, get_booking and cancel_booking once the chat has a booking) "
+        "and requires a tool call on a turn's first call until a search has: a small model then searches before it "
+        "books. auto: when LLM_BASE_URL's endpoint is local (LLM_ENDPOINT_KIND).",
+    )
     llm_max_calls_per_turn: int = Field(8, validation_alias="LLM_MAX_CALLS_PER_TURN", ge=1)
     llm_fallback_model: str | None = Field(
         None,
@@ -364,6 +372,13 @@ class Settings(BaseSettings):
         if self.llm_warmup == "auto":
             return self.llm_endpoint_is_local(self.llm_primary_base_url)
         return self.llm_warmup == "on"
+
+    @property
+    def llm_guides_tools(self) -> bool:
+        """Whether the concierge offers the model the tools the chat's state allows (LLM_GUIDED_TOOLS)."""
+        if self.llm_guided_tools == "auto":
+            return self.llm_endpoint_is_local(self.llm_primary_base_url)
+        return self.llm_guided_tools == "on"
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

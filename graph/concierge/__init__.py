@@ -9,7 +9,7 @@ from graph.concierge.booking import booking_key_for
 from graph.concierge.context import ConciergeDeps, Model, open_concierge_deps
 from graph.concierge.graph import CONCIERGE_GRAPH, OUT_OF_STEPS, build_concierge_graph, give_up_update, starts_over
 from graph.concierge.state import ConciergeState, turn_input
-from graph.concierge.tools import TOOLS
+from graph.concierge.tools import TOOLS, offer_for
 
 __all__ = [
     "CONCIERGE_GRAPH",
@@ -21,6 +21,7 @@ __all__ = [
     "booking_key_for",
     "build_concierge_graph",
     "give_up_update",
+    "offer_for",
     "open_concierge_deps",
     "starts_over",
     "turn_input",

@@ -35,6 +35,7 @@ class Model(Protocol):
         events: ModelEvents,
         spent_turn: Usage,
         spent_chat: Usage,
+        tool_choice: str | None = None,
     ) -> ModelReply: ...
 
 

@@ -37,7 +37,7 @@ from graph.concierge.history import call_ids, repair_history, transcript
 from graph.concierge.journal import TokenEvents, note_call, note_result, tool_result
 from graph.concierge.prompts import system_prompt
 from graph.concierge.state import Approval, ConciergeState, Done, Pending, failure
-from graph.concierge.tools import TOOLS, Tool, ToolContext, answer_error, repeat_answer, tool_named
+from graph.concierge.tools import Tool, ToolContext, answer_error, offer_for, repeat_answer, tool_named
 from graph.concierge.views import tool_error
 from graph.idempotency import idempotent_node
 from graph.tracing import traced_node
@@ -82,7 +82,8 @@ def _last_ai(state: ConciergeState) -> AIMessage | None:
 
 async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: ConciergeDeps) -> dict[str, Any]:
     """One model call, checkpointed (``durability="sync"``) before any tool runs: a kill after it never asks again.
-    The last call ``LLM_MAX_CALLS_PER_TURN`` allows ends the turn in words, whatever the model answered."""
+    The last call ``LLM_MAX_CALLS_PER_TURN`` allows ends the turn in words, whatever the model answered; guided
+    (LLM_GUIDED_TOOLS), the model is offered only the tools the chat's state lets succeed (``offer_for``)."""
     if state.get("error"):
         return {}  # recovery gave up on the turn (``give_up_update``): straight to ``finish``
     chat_id, turn_id = state["chat_id"], state["turn_id"]
@@ -102,9 +103,13 @@ async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: Con
     try:
         if deps.quotas is not None and owner is not None:
             await deps.quotas.check_tokens(owner)  # the owner's model tokens of the day (PERSON_TOKENS_PER_DAY)
+        offer = offer_for(
+            history, bool(state.get("bookings")), guided=get_settings().llm_guides_tools, first_call=calls == 0
+        )
         reply = await deps.model.respond(
             [SystemMessage(content=system_prompt()), *history],
-            TOOLS,
+            offer.tools,
+            tool_choice=offer.tool_choice,
             budget=Budget.from_settings(get_settings()),
             events=TokenEvents(deps.feed, chat_id, turn_id, calls + 1),
             spent_turn=spent_turn,

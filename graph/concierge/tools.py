@@ -7,12 +7,14 @@ schema is derived, plus the stay rules of ``domain.booking``), and a booking id 
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from langchain_core.messages import BaseMessage, ToolMessage
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from domain.booking import MAX_GUESTS, MIN_GUESTS, ErrorCode, validate_stay
 from domain.chat import InvalidToolCallError
@@ -33,8 +35,11 @@ __all__ = [
     "NotOfferedError",
     "Tool",
     "ToolContext",
+    "ToolOffer",
     "UnknownBookingError",
     "answer_error",
+    "has_offers",
+    "offer_for",
     "repeat_answer",
     "tool_named",
     "validate_tool_args",
@@ -105,6 +110,9 @@ class Tool:
     answers_repeats: bool = False
     """A repeat of a call in one turn (same arguments) is answered from the earlier result, not run again: a small
     model often asks the same thing twice. Only for reads; each approval tool call asks its own approval."""
+    offered_once: Literal["offers", "booking"] | None = None
+    """With guided tools (LLM_GUIDED_TOOLS), offered only once the chat has search offers, or a booking: before
+    that, the call cannot succeed, and a small model that is offered it calls it instead of searching."""
 
     def call_key(self, args: Mapping[str, Any]) -> str:
         """What makes two calls the same: the tool and its validated arguments as canonical JSON."""
@@ -170,6 +178,11 @@ def _whole_number(value: object) -> object:
     return value
 
 
+def _no_limit_if_zero(value: float) -> float | None:
+    """A small model fills every argument it is shown: 0 for a price limit it was never given means none."""
+    return value or None
+
+
 _Strict = ConfigDict(extra="forbid", str_strip_whitespace=True)
 _Date = Annotated[str, Field(description="YYYY-MM-DD", pattern=r"^\d{4}-\d{2}-\d{2}$")]
 _Guests = Annotated[int, Field(ge=MIN_GUESTS, le=MAX_GUESTS), BeforeValidator(_whole_number)]
@@ -186,7 +199,9 @@ class StayArgs(BaseModel):
 
 
 class SearchArgs(StayArgs):
-    max_price_per_night: float = Field(None, gt=0, allow_inf_nan=False)  # type: ignore[assignment]
+    max_price_per_night: Annotated[float, AfterValidator(_no_limit_if_zero)] = Field(  # type: ignore[assignment]
+        None, ge=0, allow_inf_nan=False, description="0 or absent: no limit."
+    )
 
 
 class BookArgs(StayArgs):
@@ -277,6 +292,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         "Book a hotel found by search_hotels. The person is asked to approve the hotel, stay and total price "
         "before anything is charged.",
         BookArgs,
+        offered_once="offers",
         approval=Approved(
             "book",
             quote,
@@ -284,11 +300,19 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
             once="booking-agent's Idempotency-Key = sha256(chat id, tool call id); the approved total its ceiling",
         ),
     ),
-    Tool(GET_BOOKING, "A booking of this chat: its status.", BookingIdArgs, run=get_booking, answers_repeats=True),
+    Tool(
+        GET_BOOKING,
+        "A booking of this chat: its status.",
+        BookingIdArgs,
+        run=get_booking,
+        answers_repeats=True,
+        offered_once="booking",
+    ),
     Tool(
         CANCEL_BOOKING,
         "Cancel a booking of this chat. The person is asked to approve the cancel first.",
         BookingIdArgs,
+        offered_once="booking",
         approval=Approved(
             "cancel", cancel_terms, effects.cancel, once="a cancel of a cancelled booking changes nothing"
         ),
@@ -297,6 +321,52 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
 TOOLS_BY_NAME: Final[Mapping[str, Tool]] = {tool.name: tool for tool in TOOL_RECORDS}
 TOOLS: Final[tuple[dict[str, Any], ...]] = tuple(tool.spec for tool in TOOL_RECORDS)
 """The OpenAI tool specifications the model is offered."""
+
+
+@dataclass(frozen=True)
+class ToolOffer:
+    """The tools one model call is offered, and whether it must call one (``tool_choice``)."""
+
+    tools: tuple[dict[str, Any], ...]
+    tool_choice: Literal["required"] | None = None
+
+
+_EVERY_TOOL: Final = ToolOffer(TOOLS)
+
+
+@functools.cache
+def _offer(names: frozenset[str], required: bool) -> ToolOffer:
+    """One ``ToolOffer`` per set of tools (the model client binds each once)."""
+    specs = tuple(tool.spec for tool in TOOL_RECORDS if tool.name in names)
+    return ToolOffer(specs, "required" if required else None)
+
+
+def has_offers(messages: Sequence[BaseMessage]) -> bool:
+    """Whether a tool result in the history shows hotels (a search's, or a ``not_offered`` refusal's)."""
+    for message in messages:
+        if isinstance(message, ToolMessage) and '"offers"' in str(message.content):
+            try:
+                content = json.loads(str(message.content))
+            except ValueError:
+                continue
+            if not isinstance(content, dict):
+                continue
+            refusal = content.get("error")
+            if content.get("offers") or (isinstance(refusal, dict) and refusal.get("offers")):
+                return True
+    return False
+
+
+def offer_for(messages: Sequence[BaseMessage], has_booking: bool, *, guided: bool, first_call: bool) -> ToolOffer:
+    """What a model call is offered: every tool; or, guided (LLM_GUIDED_TOOLS), the tools that can succeed in the
+    chat as it stands, with a tool call required on a turn's first call until a search has offered hotels (a small
+    model asked to book then searches instead of inventing a ``hotel_id``)."""
+    if not guided:
+        return _EVERY_TOOL
+    offers = has_offers(messages)
+    ready = {"offers": offers, "booking": has_booking, None: True}
+    names = frozenset(tool.name for tool in TOOL_RECORDS if ready[tool.offered_once])
+    return _offer(names, first_call and not offers)
 
 
 def tool_named(name: str) -> Tool:

@@ -182,7 +182,7 @@ class _Endpoint:
         """Its first-token and call limits: a local CPU model's are longer (``Settings.llm_limits``)."""
         self._chat: ChatOpenAI | None = None
         self._bound: dict[str, Runnable[Any, Any]] = {}
-        self._last: tuple[Sequence[dict[str, Any]], Runnable[Any, Any]] | None = None
+        self._last: tuple[Sequence[dict[str, Any]], str | None, Runnable[Any, Any]] | None = None
         self._policy: tuple[ResiliencePolicy, ResiliencePolicy] | None = None
         self.typical_s = 1.0
         """What a call to this endpoint takes lately (a moving average of the answered ones): a limiter's slot must
@@ -224,19 +224,19 @@ class _Endpoint:
         self._policy = (base, policy)
         return policy
 
-    def bound(self, tools: Sequence[dict[str, Any]]) -> Runnable[Any, Any]:
+    def bound(self, tools: Sequence[dict[str, Any]], tool_choice: str | None = None) -> Runnable[Any, Any]:
         last = self._last
-        if last is not None and last[0] is tools:  # the same tool list as the last call (a module constant)
-            return last[1]
-        runnable = self._bind(tools)
-        self._last = (tools, runnable)
+        if last is not None and last[0] is tools and last[1] == tool_choice:  # as the last call (module constants)
+            return last[2]
+        runnable = self._bind(tools, tool_choice)
+        self._last = (tools, tool_choice, runnable)
         return runnable
 
-    def _bind(self, tools: Sequence[dict[str, Any]]) -> Runnable[Any, Any]:
-        key = json.dumps(list(tools), sort_keys=True, default=str)
+    def _bind(self, tools: Sequence[dict[str, Any]], tool_choice: str | None) -> Runnable[Any, Any]:
+        key = json.dumps([list(tools), tool_choice], sort_keys=True, default=str)
         runnable = self._bound.get(key)
         if runnable is None:
-            runnable = self.chat.bind_tools(list(tools)) if tools else self.chat
+            runnable = self.chat.bind_tools(list(tools), tool_choice=tool_choice) if tools else self.chat
             if len(self._bound) > 32:
                 self._bound.clear()
             self._bound[key] = runnable
@@ -306,7 +306,9 @@ class ChatModel:
                 if client is not None:
                     await client.close()
 
-    async def warm_up(self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]) -> bool:
+    async def warm_up(
+        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]], tool_choice: str | None = None
+    ) -> bool:
         """One small request to the primary, outside the turn's layers (no breaker, budget or limiter to charge), so
         a cold local server loads the model and caches the prompt's prefix before a person waits on it. True when
         it answered; a failure is logged once and never raised (a cancellation is)."""
@@ -315,7 +317,7 @@ class ChatModel:
             # the import (a second on 2 cores) off the loop: the service answers while it warms up
             await asyncio.to_thread(importlib.import_module, "langchain_openai")
             async with asyncio.timeout(endpoint.limits.call_s):
-                async for _chunk in endpoint.bound(tools).astream(list(messages), max_tokens=1):
+                async for _chunk in endpoint.bound(tools, tool_choice).astream(list(messages), max_tokens=1):
                     pass
         except asyncio.CancelledError:
             raise
@@ -342,15 +344,17 @@ class ChatModel:
         events: ModelEvents,
         spent_turn: Usage,
         spent_chat: Usage,
+        tool_choice: str | None = None,
     ) -> ModelReply:
-        """One model step: the answer (text and tool calls) and its usage, or a ``ModelError``."""
+        """One model step: the answer (text and tool calls) and its usage, or a ``ModelError``. ``tool_choice`` as
+        OpenAI's (``"required"``: the answer must call a tool); None: the model decides."""
         raw = estimate_tokens(messages, tools)
         estimate = self._calibrated(raw)
         max_tokens = self._check_budgets(budget, spent_turn, spent_chat, estimate)
         turn = _Turn(raw)
         primary, fallback = self.primary, self.fallback
         try:
-            return await self._call(primary, messages, tools, events, turn, estimate, max_tokens)
+            return await self._call(primary, messages, (tools, tool_choice), events, turn, estimate, max_tokens)
         except Exception as exc:
             reason = self._fallback_reason(exc)
             if reason is None:
@@ -364,7 +368,7 @@ class ChatModel:
         count_fallback(reason, primary.model, target.model)
         await events.switched(reason, primary.model, target.model, turn.attempt)
         try:
-            return await self._call(target, messages, tools, events, turn, estimate, max_tokens)
+            return await self._call(target, messages, (tools, tool_choice), events, turn, estimate, max_tokens)
         except Exception as exc:
             raise self._final(exc, target.model, first_error) from exc
 
@@ -446,13 +450,13 @@ class ChatModel:
         self,
         endpoint: _Endpoint,
         messages: Sequence[BaseMessage],
-        tools: Sequence[dict[str, Any]],
+        offer: tuple[Sequence[dict[str, Any]], str | None],
         events: ModelEvents,
         turn: _Turn,
         estimate: int,
         max_tokens: int | None,
     ) -> ModelReply:
-        runnable = endpoint.bound(tools)
+        runnable = endpoint.bound(*offer)
         message, usage = await endpoint.policy().call(
             self._attempt, endpoint, runnable, messages, events, turn, estimate, max_tokens
         )

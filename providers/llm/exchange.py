@@ -218,6 +218,7 @@ class Exchange:
             stream=bool(body and body.streaming),
             messages=len(body.messages) if body else 0,
             tools=[t.function.name for t in body.tools or ()] if body else [],
+            tool_choice=body.tool_choice_name if body else None,
             last_user=last_user,
             status=status,
             outcome=outcome,

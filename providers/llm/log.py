@@ -41,6 +41,8 @@ class LoggedRequest(BaseModel):
     stream: bool
     messages: int
     tools: list[str]
+    tool_choice: str | None = None
+    """The request's ``tool_choice``: ``auto``, ``none``, ``required``, a tool's name, or None when it sent none."""
     last_user: str | None
     status: int
     """The HTTP status (200 also for a stream cut or left mid-way)."""

@@ -240,6 +240,13 @@ class ChatCompletionRequest(BaseModel):
         limits = [v for v in (self.max_tokens, self.max_completion_tokens) if v is not None]
         return min(limits) if limits else MAX_OUTPUT_TOKENS
 
+    @property
+    def tool_choice_name(self) -> str | None:
+        """``tool_choice`` as one word: ``auto``, ``none``, ``required``, or the tool a named choice names."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return self.tool_choice
+
     def offered_tools(self) -> tuple[str, ...]:
         """The tools the answer may call, as ``tool_choice`` narrows ``tools``."""
         names = tuple(dict.fromkeys(t.function.name for t in self.tools or ()))

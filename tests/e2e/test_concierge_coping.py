@@ -1,7 +1,9 @@
 """The concierge copes with what small models do (issue 33), played by a scripted model (llm-api's scripted mode)
 against real processes: a call repeated in one turn is answered from its earlier result without asking the peer
 again, a ``book_hotel`` for a hotel search does not offer is answered with the offers it does (nothing booked, no
-approval asked), and a model still calling tools on the turn's last allowed call gets the turn answered in words.
+approval asked), a model still calling tools on the turn's last allowed call gets the turn answered in words, and
+with guided tools (``LLM_GUIDED_TOOLS=on``, a local endpoint's default) the model is offered search first, then
+``book_hotel`` once a search shows hotels, then the booking tools once the chat has one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from domain.llm import TOOL_NAMES
 from graph.concierge import OUT_OF_STEPS
 from tests.e2e.test_concierge import approve, awaiting, chat, events, new_chat, say, start
 from tests.e2e.test_concierge_consent import calls, error_code, offers, results, stay_args, text
@@ -34,7 +37,8 @@ def database() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, database: str) -> Iterator[Stack]:
     tmp: Path = tmp_path_factory.mktemp("coping")
-    env = {"APPROVAL_TTL_S": "600", "LLM_MAX_CALLS_PER_TURN": str(MAX_CALLS)}
+    # guided as a local model would be (llm-api is not one): a scripted step plays whatever the request offers
+    env = {"APPROVAL_TTL_S": "600", "LLM_MAX_CALLS_PER_TURN": str(MAX_CALLS), "LLM_GUIDED_TOOLS": "on"}
     with Stack(tmp, redis_url, database_url=database, env=env) as stack:
         start(stack, SERVICES)
         yield stack
@@ -61,6 +65,13 @@ def hotel_searches(stack: Stack) -> int:
             and sample.labels.get("route") == "/hotels"
         )
     )
+
+
+def offered(stack: Stack) -> list[tuple[list[str], str | None]]:
+    """Each model request llm-api received, oldest first: the tools it offered and its ``tool_choice``."""
+    response = stack.admin("GET", "llm-api", "requests")
+    assert response.status_code == 200, response.text
+    return [(r["tools"], r["tool_choice"]) for r in response.json()["requests"]]
 
 
 def kinds(stack: Stack, chat_id: str, kind: str) -> list[dict[str, Any]]:
@@ -144,3 +155,33 @@ def test_a_model_still_calling_tools_on_its_last_allowed_call_gets_the_turn_answ
     stack.script_model([text("Anything else?")])
     say(stack, chat_id, "thanks")
     assert chat(stack, chat_id)["last_turn"]["outcome"] == "answered"
+
+
+def test_guided_the_model_is_offered_search_first_then_book_once_it_shows_hotels_then_the_booking_tools(
+    stack: Stack,
+) -> None:
+    args = stay_args("Lisbon")
+    chosen = offers(stack, args)[0]["hotel_id"]
+    chat_id = new_chat(stack)
+    assert stack.admin("DELETE", "llm-api", "requests").status_code == 200
+    stack.script_model(
+        [calls(("search_hotels", args)), calls(("book_hotel", {"hotel_id": chosen, **args})), text("Booked.")]
+    )
+    say(stack, chat_id, "book the cheapest in Lisbon", payment_token="tok_visa")
+    pending = awaiting(stack, chat_id)
+    assert pending["hotel_id"] == chosen, pending
+    assert approve(stack, chat_id, pending["approval_id"], {"approve": True}).status_code == 202
+    view = chat(stack, chat_id)
+    assert view["status"] == "idle" and len(view["bookings"]) == 1, view
+    assert stack.booking(view["bookings"][0])["status"] == "confirmed"
+    stack.script_model([text("It is confirmed.")])
+    say(stack, chat_id, "is it booked?")
+    assert chat(stack, chat_id)["last_turn"]["outcome"] == "answered"
+
+    search, book, every = ["search_hotels"], ["search_hotels", "book_hotel"], list(TOOL_NAMES)
+    assert offered(stack) == [
+        (search, "required"),  # nothing found yet: the turn starts with a call, and only a search can succeed
+        (book, None),  # the search showed hotels
+        (every, None),  # after the approved booking: the chat has one
+        (every, None),  # the next turn: its first call may answer in words
+    ]

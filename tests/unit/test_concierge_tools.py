@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from langchain_core.messages import AIMessage, ToolMessage
 
 from domain.booking import MAX_GUESTS, ErrorCode
 from domain.chat import InvalidToolCallError
@@ -23,6 +24,7 @@ from graph.concierge.tools import (
     NotOfferedError,
     ToolContext,
     answer_error,
+    offer_for,
     repeat_answer,
     validate_tool_args,
 )
@@ -44,7 +46,8 @@ def test_every_tool_has_one_record_and_its_schema_is_derived_from_its_arguments(
     search = TOOLS_BY_NAME["search_hotels"].spec["function"]["parameters"]
     assert search["properties"]["guests"]["maximum"] == MAX_GUESTS  # domain.booking's, not a copy
     assert search["required"] == ["city", "checkin", "checkout", "guests"]
-    assert search["properties"]["max_price_per_night"] == {"exclusiveMinimum": 0, "type": "number"}
+    limit = {"minimum": 0, "type": "number", "description": "0 or absent: no limit."}
+    assert search["properties"]["max_price_per_night"] == limit
 
 
 def test_who_approves_is_the_record_s_own_say() -> None:
@@ -68,6 +71,8 @@ def test_a_null_optional_argument_is_no_argument() -> None:
     assert validate_tool_args("search_hotels", {**STAY, "max_price_per_night": None}) == STAY
     with pytest.raises(InvalidToolCallError, match=r"^max_price_per_night"):
         validate_tool_args("search_hotels", {**STAY, "max_price_per_night": float("inf")})
+    # a small model sends 0 for a limit nobody gave (measured): no limit, not a refusal it would repeat
+    assert validate_tool_args("search_hotels", {**STAY, "max_price_per_night": 0}) == STAY
     with pytest.raises(InvalidToolCallError, match=r"^guests"):
         validate_tool_args("search_hotels", {**STAY, "guests": "2"})
     with pytest.raises(InvalidToolCallError, match=r"^guests"):
@@ -154,3 +159,39 @@ def test_a_hotel_search_does_not_offer_for_the_stay_is_answered_with_the_offers_
     quoted = asyncio.run(terms.terms(context, {**STAY, "hotel_id": "lisbon-03"}))  # a real offer for the stay
     assert quoted["hotel_id"] == "lisbon-03" and quoted["total_price"] == 106.0
     assert search.calls == [STAY, STAY]  # the stay, searched: the hotel is looked up among its offers
+
+
+# ------------------------------------------------------------------------------------------------- guided tools
+
+
+def _search_result(shown: list[dict[str, Any]]) -> list[Any]:
+    call = {"id": "call-1", "name": "search_hotels", "args": dict(STAY)}
+    return [AIMessage(content="", tool_calls=[call]), ToolMessage(json.dumps({"offers": shown}), tool_call_id="call-1")]
+
+
+def _offered(messages: list[Any], has_booking: bool = False, *, first_call: bool = True) -> tuple[list[str], Any]:
+    offer = offer_for(messages, has_booking, guided=True, first_call=first_call)
+    return [spec["function"]["name"] for spec in offer.tools], offer.tool_choice
+
+
+def test_unguided_every_call_is_offered_every_tool_and_may_answer_in_words() -> None:
+    offer = offer_for([], False, guided=False, first_call=True)
+    assert offer.tools == TOOLS and offer.tool_choice is None
+
+
+def test_guided_a_chat_without_offers_is_offered_search_only_and_its_turn_must_start_with_a_call() -> None:
+    assert _offered([]) == (["search_hotels"], "required")
+    assert _offered([], first_call=False) == (["search_hotels"], None)  # after it, the model may answer in words
+    assert _offered(_search_result([])) == (["search_hotels"], "required")  # a search that found nothing
+
+
+def test_guided_book_hotel_is_offered_once_a_result_shows_hotels_and_the_booking_tools_once_there_is_one() -> None:
+    offer = {"hotel_id": "lisbon-01", "name": "A", "total_price": 100.0, "currency": "EUR"}
+    assert _offered(_search_result([offer])) == (["search_hotels", "book_hotel"], None)
+    refusal = NotOfferedError("hotel_id: 12345 is not offered", offers=[offer], found=1)
+    refused = [ToolMessage(answer_error(refusal), tool_call_id="call-2")]
+    assert _offered(refused) == (["search_hotels", "book_hotel"], None)  # a refusal that shows the offers
+    assert _offered(_search_result([offer]), has_booking=True) == (list(TOOLS_BY_NAME), None)
+    assert _offered([], has_booking=True) == (["search_hotels", "get_booking", "cancel_booking"], "required")
+    # one offer object per set of tools: the model client binds each once
+    assert offer_for([], False, guided=True, first_call=True) is offer_for([], False, guided=True, first_call=True)

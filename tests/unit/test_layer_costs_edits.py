@@ -1,6 +1,6 @@
-"""``bench/layer_costs.py`` edits copies of the code by exact text; nothing runs that bench in CI, so without this
-check a refactor would break it silently until someone needs its numbers. Each variant's edits must still match
-the code exactly once, and applied together (the ``all`` variant) they must leave Python that compiles."""
+"""``bench/layer_costs.py`` and ``bench/real_model.py`` edit copies of the code by exact text; nothing runs those
+benches in CI, so without this check a refactor would break them silently until someone needs their numbers. Each
+edit must still match the code exactly once, and applied together they must leave Python that compiles."""
 
 from __future__ import annotations
 
@@ -77,3 +77,15 @@ def test_one_stack_takes_only_variants_with_a_switched_form(layer_costs: ModuleT
         patch.setattr(layer_costs, "VARIANTS", (*layer_costs.VARIANTS, stale))
         with pytest.raises(SystemExit):
             layer_costs.parse_args(["--one-stack", "--variants", "unswitched"])
+
+
+def test_the_real_model_bench_s_no_coping_edits_match_once_and_compile(tmp_path: Path) -> None:
+    from bench.layer_costs import make_tree
+    from bench.real_model import NO_COPING
+
+    for edit in NO_COPING:
+        count = (REPO / edit.path).read_text().count(edit.old)
+        assert count == 1, f"{edit.path} holds its text {count} times:\n{edit.old}"
+    make_tree(tmp_path, NO_COPING)
+    for path in sorted({edit.path for edit in NO_COPING}):
+        compile((tmp_path / path).read_text(), path, "exec")

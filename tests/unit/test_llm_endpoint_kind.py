@@ -1,5 +1,6 @@
 """A local model endpoint gets limits that fit a CPU model and a warm-up; the simulated llm-api and a hosted model
-keep today's; an explicitly set limit always wins (``Settings.llm_limits``, ``Settings.llm_warm_up``)."""
+keep today's; an explicitly set limit always wins (``Settings.llm_limits``, ``Settings.llm_warm_up``); a local
+one is offered the tools the chat allows (``Settings.llm_guides_tools``)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def test_a_local_endpoint_gets_the_local_limits_and_a_warm_up(base_url: str) -> 
     s = settings(LLM_BASE_URL=base_url)
     assert s.llm_limits(base_url) == LOCAL
     assert s.llm_warm_up is True
+    assert s.llm_guides_tools is True
 
 
 @pytest.mark.parametrize(
@@ -64,6 +66,7 @@ def test_the_simulator_and_a_hosted_model_keep_todays_limits_and_no_warm_up(env:
     s = settings(**env)
     assert s.llm_limits(s.llm_primary_base_url) == HOSTED
     assert s.llm_warm_up is False
+    assert s.llm_guides_tools is False
 
 
 def test_an_explicit_limit_always_wins() -> None:
@@ -103,6 +106,13 @@ def test_a_bad_kind_or_warmup_is_refused() -> None:
         settings(LLM_ENDPOINT_KIND="cpu")
     with pytest.raises(ValueError, match="LLM_WARMUP"):
         settings(LLM_WARMUP="yes")
+    with pytest.raises(ValueError, match="LLM_GUIDED_TOOLS"):
+        settings(LLM_GUIDED_TOOLS="small")
+
+
+@pytest.mark.parametrize(("guided", "base_url", "expected"), [("on", None, True), ("off", OLLAMA, False)])
+def test_llm_guided_tools_on_or_off_decides_alone(guided: str, base_url: str | None, expected: bool) -> None:
+    assert settings(LLM_GUIDED_TOOLS=guided, LLM_BASE_URL=base_url).llm_guides_tools is expected
 
 
 def test_the_model_client_gives_each_endpoint_its_limits() -> None:
