@@ -52,8 +52,9 @@ GUESTS_PER_ROOM: Final = 2
 """Rooms are for two: a party of ``guests`` takes ``ceil(guests / 2)`` rooms every night."""
 MAX_DAYS_AHEAD: Final = 730
 """A booking's check-in is at most two years ahead (and not in the past, a day of slack for time zones)."""
-ISO_DATE_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}$"
-"""Dates are written ``YYYY-MM-DD`` and nothing else: no timestamps, no datetimes."""
+ISO_DATE_PATTERN: Final = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+"""Dates are written ``YYYY-MM-DD`` and nothing else: no timestamps, no datetimes. ASCII digits only: a regex's
+``\\d`` is any Unicode digit in Python, and llama.cpp's schema-to-grammar cannot hold a model to it."""
 _ISO_DATE = re.compile(ISO_DATE_PATTERN)
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final, Literal
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from domain.booking import MAX_GUESTS, MIN_GUESTS, ErrorCode, validate_stay
+from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, ErrorCode, validate_stay
 from domain.chat import InvalidToolCallError
 from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, SEARCH_HOTELS
 from graph.concierge import booking as effects
@@ -184,7 +184,7 @@ def _no_limit_if_zero(value: float) -> float | None:
 
 
 _Strict = ConfigDict(extra="forbid", str_strip_whitespace=True)
-_Date = Annotated[str, Field(description="YYYY-MM-DD", pattern=r"^\d{4}-\d{2}-\d{2}$")]
+_Date = Annotated[str, Field(description="YYYY-MM-DD", pattern=ISO_DATE_PATTERN)]
 _Guests = Annotated[int, Field(ge=MIN_GUESTS, le=MAX_GUESTS), BeforeValidator(_whole_number)]
 _BookingId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 

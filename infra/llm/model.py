@@ -42,7 +42,7 @@ from infra.llm.limiter import RateLimiter
 from infra.llm.telemetry import ModelCallSpan, count_budget_stop, count_fallback
 from infra.redis import Redis
 from infra.settings import Settings
-from resilience import remaining_budget
+from resilience import bulkhead_registry, remaining_budget
 from resilience.errors import (
     BudgetExhaustedError,
     CircuitOpenError,
@@ -180,6 +180,10 @@ class _Endpoint:
         self._api_key = api_key
         self.limits = settings.llm_limits(base_url)
         """Its first-token and call limits: a local CPU model's are longer (``Settings.llm_limits``)."""
+        bulkhead = policy_for(self.name).bulkhead
+        if bulkhead is not None and bulkhead.cfg.timeout < self.limits.call_s:
+            # its bulkhead must not cut a call the endpoint allows (a CPU model reading a new prompt under load)
+            bulkhead_registry.configure(bulkhead.name, timeout=self.limits.call_s)
         self._chat: ChatOpenAI | None = None
         self._bound: dict[str, Runnable[Any, Any]] = {}
         self._last: tuple[Sequence[dict[str, Any]], str | None, Runnable[Any, Any]] | None = None

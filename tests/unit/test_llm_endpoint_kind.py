@@ -4,6 +4,7 @@ one is offered the tools the chat allows (``Settings.llm_guides_tools``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from infra.hosts import is_local_host
 from infra.llm import ChatModel
 from infra.settings import ModelLimits, Settings
+from resilience import bulkhead_registry
 
 HOSTED = ModelLimits(first_token_s=15.0, call_s=60.0)
 LOCAL = ModelLimits(first_token_s=60.0, call_s=300.0)
@@ -122,3 +124,24 @@ def test_the_model_client_gives_each_endpoint_its_limits() -> None:
     model = ChatModel(s)
     assert model.primary.limits == LOCAL
     assert model.fallback is not None and model.fallback.limits == HOSTED
+
+
+@pytest.fixture
+def fresh_bulkheads() -> Iterator[None]:
+    bulkhead_registry.clear()
+    yield
+    bulkhead_registry.clear()
+
+
+@pytest.mark.usefixtures("fresh_bulkheads")
+def test_a_model_s_bulkhead_never_cuts_a_call_its_endpoint_allows() -> None:
+    ChatModel(settings(LLM_BASE_URL=OLLAMA, LLM_FALLBACK_MODEL="gpt-4o-mini"))
+    # a local endpoint's 300 s call (a CPU model reading a new prompt under load) outlasts the bulkhead's 120 s
+    assert bulkhead_registry.get("outbound:llm_primary").cfg.timeout == LOCAL.call_s
+    assert bulkhead_registry.get("outbound:llm_fallback").cfg.timeout == LOCAL.call_s
+    bulkhead_registry.clear()
+    ChatModel(settings(LLM_BASE_URL="https://api.openai.com/v1", LLM_TIMEOUT_S="1800"))
+    assert bulkhead_registry.get("outbound:llm_primary").cfg.timeout == 1800.0
+    bulkhead_registry.clear()
+    ChatModel(settings())  # the hosted 60 s: the bulkhead keeps its own bound
+    assert bulkhead_registry.get("outbound:llm_primary").cfg.timeout == 120.0

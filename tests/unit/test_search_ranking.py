@@ -30,6 +30,7 @@ def test_full_hotels_requested_hotel_and_price_ceiling_filter() -> None:
         ("2027-01-10", "2027-03-10", 2, "checkout"),
         ("10/01/2027", "2027-01-12", 2, "checkin"),
         ("2027-01-10", "soon", 2, "checkout"),
+        ("\u0662\u0660\u0662\u0667-01-10", "2027-01-12", 2, "checkin"),  # Arabic-Indic digits: \d, not [0-9]
         ("2027-01-10", "2027-01-12", 9, "guests"),
     ],
 )
