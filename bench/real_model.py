@@ -47,6 +47,7 @@ from typing import Any
 
 from bench._stack import machine, service_stack, write_results
 from bench.layer_costs import Edit, make_tree
+from domain import canonical_city
 from tests.model.server import model_server
 from tests.stack import CORE, Stack
 
@@ -265,7 +266,7 @@ def judge(stack: Stack, chat_id: str, phrasing: str, view: dict[str, Any]) -> di
         view["status"] == "awaiting_approval"
         and str(pending.get("hotel_id")) in offered
         and want is not None
-        and str(pending.get("city", "")).lower() == want.lower()
+        and canonical_city(str(pending.get("city", ""))) == want  # "Lisboa" is Lisbon, as search reads it
     )
     out_of_steps = any(s.startswith("Sorry, I could not finish this in the steps") for s in said)
     return {
