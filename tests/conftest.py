@@ -35,10 +35,21 @@ TEST_ADMIN_TOKEN = "test-admin-token"
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``make test``'s workers (``-n 2 --dist loadgroup``) a file's tests stay on one worker: its module-scoped
-    stack starts once, and its tests run in their written order."""
+    stack starts once, and its tests run in their written order. A module marked ``xdist_group`` joins that group
+    instead.
+
+    xdist 3.8 tells its scheduler an item's group by appending ``@<group>`` to ``item._nodeid``, which pytest 9 no
+    longer reads (the node id is ``item._id``): without the id set here every test is scheduled on its own."""
+    from _pytest.nodeid import NodeId
+
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        mark = item.get_closest_marker("xdist_group")
+        assert mark is not None
+        suffix = f"@{mark.args[0]}"
+        if getattr(config.option, "loadgroup", False) and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def unavailable(reason: str) -> None:
