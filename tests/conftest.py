@@ -2,6 +2,7 @@
 
 Redis: ``REDIS_URL`` when set, otherwise a private ``redis-server`` on a free port for the session.
 Postgres: a fresh database per test on ``TEST_DATABASE_URL`` (default: the local server), dropped afterwards.
+Stacks: ``shared_stack(services, env)`` is one running stack per worker for every module that asks for the same one.
 Under ``CI=true`` a missing Redis or Postgres fails the test; locally it skips with the reason.
 ``settings_env`` also gives a service started in process (or by ``tests.procs``) the test deployment's secrets:
 ``TEST_SERVICE_SECRET`` and ``TEST_ADMIN_TOKEN``.
@@ -12,6 +13,7 @@ people and an outsider), so every service and ``concierge up`` a test starts tak
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -19,12 +21,16 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import pytest
 
 from infra.settings import get_settings
 from tests.procs import free_port
+
+if TYPE_CHECKING:
+    from tests.stack import SharedStacks, Stack
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 os.environ.setdefault("CONCIERGE_AUTH", "off")
@@ -35,10 +41,21 @@ TEST_ADMIN_TOKEN = "test-admin-token"
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``make test``'s workers (``-n 2 --dist loadgroup``) a file's tests stay on one worker: its module-scoped
-    stack starts once, and its tests run in their written order."""
+    stack starts once, and its tests run in their written order. A module marked ``xdist_group`` joins that group
+    instead (the modules sharing a ``shared_stack``).
+
+    xdist 3.8 tells its scheduler an item's group by appending ``@<group>`` to ``item._nodeid``, which pytest 9 no
+    longer reads (the node id is ``item._id``): without the id set here every test is scheduled on its own."""
+    from _pytest.nodeid import NodeId
+
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        mark = item.get_closest_marker("xdist_group")
+        assert mark is not None
+        suffix = f"@{mark.args[0]}"
+        if getattr(config.option, "loadgroup", False) and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def unavailable(reason: str) -> None:
@@ -160,3 +177,33 @@ def postgres_url() -> Iterator[str]:
         unavailable(f"Postgres at {TEST_DATABASE_URL} is unreachable: {exc}")
     with fresh_database(name_prefix="concierge_test") as url:
         yield url
+
+
+SHARED_STACK_START_S = 180.0
+"""How long each service of a shared stack may take to be ready (importing LangGraph on a busy machine is slow)."""
+
+
+@pytest.fixture(scope="session")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[SharedStacks]:
+    """``shared_stack(services, env)``: a stack of ``services`` with ``env`` on its own fresh database, started on
+    first use and stopped when the worker's session ends. A stack costs 15-20 s to start: modules whose tests touch
+    only their own bookings and chats, and leave no fault, script or dead process behind, share one instead of
+    starting their own. Such modules also share an ``xdist_group`` marker (``shared-stack-<name>``), so one worker
+    runs them all and starts the stack once."""
+    from tests.stack import Stack, fresh_database
+
+    stacks: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], Stack] = {}
+    with contextlib.ExitStack() as running:
+
+        def get(services: tuple[str, ...], env: Mapping[str, str]) -> Stack:
+            key = (services, tuple(sorted(env.items())))
+            if key not in stacks:
+                tmp = tmp_path_factory.mktemp("shared-stack")
+                database = running.enter_context(fresh_database())
+                stack = running.enter_context(Stack(tmp, redis_url, database_url=database, env=env))
+                for proc in [stack.serve(service, wait=False) for service in services]:
+                    proc.wait_ready(SHARED_STACK_START_S)
+                stacks[key] = stack
+            return stacks[key]
+
+        yield get

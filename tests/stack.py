@@ -21,7 +21,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -219,3 +219,7 @@ class Stack:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+SharedStacks = Callable[[tuple[str, ...], Mapping[str, str]], Stack]
+"""The ``shared_stack`` fixture (tests/conftest.py): ``shared_stack(services, env)`` is a running stack of the worker's."""

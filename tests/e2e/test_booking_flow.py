@@ -11,9 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.conftest import SHARED_CORE
 from tests.stack import Stack, stay
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, SHARED_CORE]
 
 
 def lisbon_availability(stack: Stack, checkin: str, checkout: str) -> dict[str, int]:

@@ -12,8 +12,6 @@ import concurrent.futures
 import json
 import os
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,27 +19,23 @@ import pytest
 
 from graph.concierge import OUT_OF_STEPS
 from tests.procs import concierge_command
-from tests.stack import CORE, Stack, fresh_database, stay
+from tests.stack import CORE, SharedStacks, Stack, stay
 
-pytestmark = pytest.mark.e2e
+SHARED_CONCIERGE = pytest.mark.xdist_group("shared-stack-concierge")
+"""The mark of the modules sharing ``SERVICES`` with ``ENV`` (``stack``): one worker runs them, on one stack."""
+pytestmark = [pytest.mark.e2e, SHARED_CONCIERGE]
 
 SERVICES = (*CORE, "llm-api", "concierge-agent")
+ENV = {"APPROVAL_TTL_S": "600"}
 WAIT_S = 30
 START_S = 180.0
 
 
 @pytest.fixture(scope="module")
-def database() -> Iterator[str]:
-    with fresh_database() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, database: str) -> Iterator[Stack]:
-    tmp: Path = tmp_path_factory.mktemp("concierge")
-    with Stack(tmp, redis_url, database_url=database, env={"APPROVAL_TTL_S": "600"}) as stack:
-        start(stack, SERVICES)
-        yield stack
+def stack(shared_stack: SharedStacks) -> Stack:
+    """Shared with ``test_concierge_consent.py``: each test has its own chats and bookings, and clears the faults
+    and scripts it set."""
+    return shared_stack(SERVICES, ENV)
 
 
 def start(stack: Stack, services: tuple[str, ...]) -> None:

@@ -14,7 +14,10 @@ import pytest
 from redis import Redis
 
 from runs.leases import run_key
+from tests.e2e.conftest import SHARED_CORE
 from tests.stack import Stack, stay
+
+pytestmark = SHARED_CORE
 
 JSON = {"Content-Type": "application/json"}
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import SHARED_CORE
 from tests.procs import HOST, Processes, ServiceProcess, concierge_command, free_port
 from tests.stack import Stack
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, SHARED_CORE]
 
 AGENTS = ("search-agent", "payment-agent", "booking-agent")
 SKILL_OF = {"search-agent": "search_hotels", "payment-agent": "charge_payment", "booking-agent": "book_hotel"}

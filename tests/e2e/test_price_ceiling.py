@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import SHARED_CORE
 from tests.e2e.test_concierge import verify
 from tests.stack import Stack, stay
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, SHARED_CORE]
 
 NIGHTS = 2
 
