@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+from infra.causes import causes
+
 __all__ = ["never_connected"]
 
 
@@ -25,9 +27,4 @@ def never_connected(exc: BaseException) -> bool:
     if httpx is None:
         return False
     never_sent = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, never_sent):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(isinstance(seen, never_sent) for seen in (exc, *causes(exc, context=True)))

@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
 from domain.chat import ChatConflictError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
+from infra.causes import causes
 from infra.clients.errors import NoAvailabilityError, PaymentDeclinedError, ProviderError, ProviderRejectedError
 from infra.connection_errors import never_connected
 from infra.llm.errors import (
@@ -227,12 +228,10 @@ def answer_for(exc: BaseException) -> ErrorAnswer:
     """
     answer = _row_answer(exc)
     if answer.code == ErrorCode.INTERNAL:
-        cause = exc.__cause__
-        while cause is not None:
+        for cause in causes(exc):
             underneath = _row_answer(cause)
             if underneath.code == ErrorCode.DEPENDENCY_UNAVAILABLE:
                 return ErrorAnswer(underneath.code, underneath.status, underneath.retryable, answer.message)
-            cause = cause.__cause__
     return answer
 
 

@@ -25,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from infra.causes import causes
 from infra.redis import create_redis
 from infra.redis_url import redact_redis_url
 from infra.settings import get_settings
@@ -139,9 +140,8 @@ def _fail(name: str, message: str, *, code: int = EXIT_FAILURE) -> int:
 
 def _cause(exc: BaseException) -> str:
     """The innermost message: "Error 111 connecting to ..." rather than our own wrapper's prefix."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    return " ".join(str(exc).split()) or type(exc).__name__
+    *_, innermost = (exc, *causes(exc))
+    return " ".join(str(innermost).split()) or type(innermost).__name__
 
 
 def _redis_location() -> str:
