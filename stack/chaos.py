@@ -112,6 +112,14 @@ class ChaosPlan:
     chats: int = 0
 
 
+def default_settle_s(*, chats: bool) -> float:
+    """How long the run waits after the heal: a booking may take its whole budget, and with chats, a turn that met a
+    paused model before the heal may take its whole ``CONCIERGE_TURN_BUDGET_S`` after it; then a minute of slack."""
+    settings = get_settings()
+    longest = max(settings.booking_budget_s, settings.concierge_turn_budget_s) if chats else settings.booking_budget_s
+    return longest + 60
+
+
 def parse_range(value: str, option: str) -> tuple[float, float]:
     """``3-8`` or ``5`` → (low, high) seconds; ``StackError`` naming the option otherwise."""
     low_text, _, high_text = value.partition("-")
@@ -171,7 +179,7 @@ def register_chaos(subparsers: Subparsers) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--settle", type=_bounded(float, 1, 3600), default=None, metavar="S",
-        help="after the heal, how long bookings may take to end (default: the booking budget + 60)",
+        help="after the heal, how long bookings and chat turns may take to end (default: the longer budget + 60)",
     )  # fmt: skip
     parser.add_argument("--strict", action="store_true", help="exit 1 on a missed target too")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the verdict there as JSON")
@@ -192,7 +200,7 @@ async def _chaos(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:
         at_once=args.at_once,
         clients=args.clients,
         cancel_rate=args.cancel_rate,
-        settle_s=args.settle if args.settle is not None else budget + 60,
+        settle_s=args.settle if args.settle is not None else default_settle_s(chats=args.chats > 0),
         budget_s=budget,
         chats=args.chats,
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from infra.settings import get_settings
+from stack.chaos import default_settle_s
 from stack.chaos_verdict import (
     AFTERMATH_S,
     ApprovalRecord,
@@ -303,3 +304,16 @@ def test_a_grant_booking_agent_never_accepted_is_not_made_and_says_why() -> None
     assert "not 1:1: 1 (none booked: provider_unavailable 1)" in text
     assert "a1 (chat c1) granted: 0 bookings (book_hotel ended provider_unavailable)" in text
     assert "promise: BROKEN: approvals granted → bookings made not 1:1" in text
+
+
+def test_with_chats_the_settle_outlasts_a_turn_budget(settings_env: pytest.MonkeyPatch) -> None:
+    """A turn that met a paused model before the heal may run its whole budget after it: the default settle waits
+    that long (plus the minute), not only the booking budget's."""
+    settings_env.setenv("BOOKING_BUDGET_S", "30")
+    settings_env.setenv("CONCIERGE_TURN_BUDGET_S", "120")
+    get_settings.cache_clear()
+    assert default_settle_s(chats=False) == 90
+    assert default_settle_s(chats=True) == 180
+    settings_env.setenv("BOOKING_BUDGET_S", "200")
+    get_settings.cache_clear()
+    assert default_settle_s(chats=True) == 260
