@@ -4,10 +4,11 @@ uvicorn started the same way in the same run (the floor: Python, FastAPI and uvi
 Run: ``python -m bench.startup [--rounds 5] [--services NAME ...] [--up]`` (needs Redis at ``REDIS_URL``; services
 that checkpoint use SQLite in a temporary data directory, as ``concierge up`` does by default). Each round starts
 the bare app (a tiny ``FastAPI()`` with one ``/health/ready`` route, written by the bench into a temporary
-directory) and then every service with ``concierge serve <name>`` on a free port, one process at a time, polling
-readiness every 20 ms; the process is killed once it answers. The rounds interleave, so a busier minute slows
-every row. Prints the median per row and its ratio to the bare app's median (the issue's target: at most 2x), and
-writes ``bench/results/startup.json``. Next to the wall-clock seconds, the CPU seconds (user + system, from
+directory), the same app running a one-node LangGraph graph (the floor of any service built on LangGraph), then
+every service with ``concierge serve <name>`` on a free port, one process at a time, polling readiness every 20 ms;
+the process is killed once it answers. The rounds interleave, so a busier minute slows every row. Prints the median
+per row and its ratio to the bare app's median (the issue's target: at most 2x), and writes
+``bench/results/startup.json``. Next to the wall-clock seconds, the CPU seconds (user + system, from
 ``/proc/<pid>/stat``) the process had used when it first answered 200: on a machine shared with other work the
 wall-clock medians swing with the load, the CPU seconds far less.
 
@@ -42,6 +43,7 @@ from tests.procs import HOST, concierge_command, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
 BARE = "bare FastAPI"
+GRAPH = "bare FastAPI + a one-node LangGraph graph"
 UP = "concierge up (all)"
 POLL_S = 0.02
 READY_TIMEOUT_S = 120.0
@@ -57,6 +59,31 @@ app = FastAPI()
 async def ready() -> dict[str, str]:
     return {"status": "ready"}
 """
+
+_GRAPH_APP = """\
+from typing import TypedDict
+
+from fastapi import FastAPI
+from langgraph.graph import START, StateGraph
+
+
+class State(TypedDict):
+    n: int
+
+
+builder = StateGraph(State)
+builder.add_node("step", lambda state: {"n": state["n"] + 1})
+builder.add_edge(START, "step")
+graph = builder.compile()
+app = FastAPI()
+
+
+@app.get("/health/ready")
+async def ready() -> dict[str, str]:
+    return {"status": "ready", "n": str((await graph.ainvoke({"n": 0}))["n"])}
+"""
+"""The floor of any service that runs a LangGraph graph: the bare app plus ``langgraph`` imported and one graph
+compiled (LangGraph's own imports include langsmith and langgraph_sdk, which no setting skips)."""
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -165,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown or options.rounds < 1:
         parser.error(f"unknown services {unknown}" if unknown else "--rounds must be at least 1")
 
-    rows = [BARE, *options.services, *([UP] if options.up else [])]
+    rows = [BARE, GRAPH, *options.services, *([UP] if options.up else [])]
     samples: dict[str, list[float]] = {row: [] for row in rows}
     cpu_samples: dict[str, list[float]] = {row: [] for row in rows}
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
@@ -174,14 +201,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="concierge-startup-") as tmp:
         workdir = Path(tmp)
         (workdir / "bare_app.py").write_text(_BARE_APP, encoding="utf-8")
+        (workdir / "graph_app.py").write_text(_GRAPH_APP, encoding="utf-8")
         env = _env(workdir, options.redis_url, prefix)
         try:
             for n in range(options.rounds):
                 for row in rows:
                     port = free_port()
                     log = workdir / f"{row.replace(' ', '_')}.log"
-                    if row == BARE:
-                        app_argv = [sys.executable, "-m", "uvicorn", "bare_app:app", "--app-dir", str(workdir)]
+                    if row in (BARE, GRAPH):
+                        module = "bare_app" if row == BARE else "graph_app"
+                        app_argv = [sys.executable, "-m", "uvicorn", f"{module}:app", "--app-dir", str(workdir)]
                         cmd = [*app_argv, "--host", HOST, "--port", str(port), "--lifespan", "on"]
                         seconds, cpu = _time_start(cmd, env, f"http://{HOST}:{port}/health/ready", log)
                     elif row == UP:
