@@ -12,8 +12,9 @@ per row and its ratio to the bare app's median (the issue's target: at most 2x),
 ``/proc/<pid>/stat``) the process had used when it first answered 200: on a machine shared with other work the
 wall-clock medians swing with the load, the CPU seconds far less.
 
-``--up`` adds ``concierge up --detach`` (the whole table under its supervisor, which returns once every service is
-ready) followed by ``concierge down``, per round.
+``--up`` adds ``concierge up`` in the foreground (until it prints that every service is ready; then SIGTERM, as
+Ctrl-C) and ``concierge up --detach`` (which returns once every service is ready, then ``concierge down``), per
+round.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import contextlib
 import os
 import random
 import secrets
+import selectors
+import signal
 import socket
 import statistics
 import subprocess
@@ -39,12 +42,14 @@ import httpx
 from bench._stack import _delete_prefixed_keys, machine, write_results
 from infra.people import LOCAL_ISSUER, LocalIssuer
 from stack.services import SERVICES
+from stack.up import READY_PHRASE
 from tests.procs import HOST, concierge_command, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
 BARE = "bare FastAPI"
 GRAPH = "bare FastAPI + a one-node LangGraph graph"
-UP = "concierge up (all)"
+UP = "concierge up --detach (all)"
+UP_FOREGROUND = "concierge up (all, foreground)"
 POLL_S = 0.02
 READY_TIMEOUT_S = 120.0
 TARGET_RATIO = 2.0
@@ -156,6 +161,43 @@ def _time_up(env: Mapping[str, str], data_dir: Path, log: Path) -> float:
     return elapsed
 
 
+def _time_up_foreground(env: Mapping[str, str], data_dir: Path, log: Path) -> float:
+    """``concierge up`` as a person runs it, until it prints that every service is ready; then SIGTERM, which stops
+    the stack as Ctrl-C does."""
+    up_env = {**env, "CONCIERGE_DATA_DIR": str(data_dir)}
+    argv = [*concierge_command(), "up", "--port-base", str(_port_base())]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        argv, env=up_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0
+    )
+    assert proc.stdout is not None
+    seen, elapsed = b"", None
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(proc.stdout, selectors.EVENT_READ)
+            while elapsed is None and time.monotonic() < started + READY_TIMEOUT_S:
+                if not selector.select(timeout=POLL_S):
+                    continue
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break  # it exited
+                seen += chunk
+                if READY_PHRASE.encode() in seen:
+                    elapsed = time.monotonic() - started
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rest, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rest, _ = proc.communicate()
+        log.write_bytes(seen + (rest or b""))
+    if elapsed is None:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"concierge up never said {READY_PHRASE!r}:\n{tail}")
+    return elapsed
+
+
 def _env(workdir: Path, redis_url: str, prefix: str) -> dict[str, str]:
     """What ``concierge serve`` needs (a secret, Redis, a data directory), nothing else of a developer's."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("CONCIERGE_", "DATABASE_URL"))}
@@ -184,7 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="starts per row (default 5)")
     parser.add_argument("--services", nargs="+", default=list(SERVICES), help="services to start (default: all)")
-    parser.add_argument("--up", action="store_true", help="also time concierge up --detach until all are ready")
+    parser.add_argument(
+        "--up", action="store_true", help="also time concierge up, foreground and --detach, until all are ready"
+    )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--output", type=Path, default=RESULTS)
     options = parser.parse_args(argv)
@@ -192,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown or options.rounds < 1:
         parser.error(f"unknown services {unknown}" if unknown else "--rounds must be at least 1")
 
-    rows = [BARE, GRAPH, *options.services, *([UP] if options.up else [])]
+    rows = [BARE, GRAPH, *options.services, *([UP_FOREGROUND, UP] if options.up else [])]
     samples: dict[str, list[float]] = {row: [] for row in rows}
     cpu_samples: dict[str, list[float]] = {row: [] for row in rows}
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
@@ -215,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         seconds, cpu = _time_start(cmd, env, f"http://{HOST}:{port}/health/ready", log)
                     elif row == UP:
                         seconds, cpu = _time_up(env, workdir / f"up-{n}", log), None  # many processes: no one CPU
+                    elif row == UP_FOREGROUND:
+                        seconds, cpu = _time_up_foreground(env, workdir / f"upf-{n}", log), None
                     else:
                         cmd = [*concierge_command(), "serve", row, "--host", HOST, "--port", str(port)]
                         url = f"http://{HOST}:{port}{SERVICES[row].ready_path}"

@@ -119,16 +119,20 @@ def test_the_overload_bench_measures_both_doors_and_draws_them(tmp_path: Path, r
     assert plot.stat().st_size > 10_000
 
 
-def test_the_startup_bench_times_both_floors_and_a_service(tmp_path: Path, redis_url: str) -> None:
-    """``python -m bench.startup`` at its smallest: the bare app, the bare app running a LangGraph graph (which must
-    answer, or the floor measures a crash) and one service, each started and found ready; a table row per start."""
+def test_the_startup_bench_times_both_floors_a_service_and_up(tmp_path: Path, redis_url: str) -> None:
+    """``python -m bench.startup --up`` at its smallest: the bare app, the bare app running a LangGraph graph (which
+    must answer, or the floor measures a crash), one service, and ``concierge up`` in the foreground and detached,
+    each started and found ready; a table row per start."""
     output = tmp_path / "startup.json"
-    argv = ["--rounds", "1", "--services", "hotel-api", "--redis-url", redis_url, "--output", str(output)]
+    argv = ["--rounds", "1", "--services", "hotel-api", "--up", "--redis-url", redis_url, "--output", str(output)]
     done = subprocess.run(
         [sys.executable, "-m", "bench.startup", *argv], capture_output=True, text=True, timeout=300, cwd=REPO
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(output.read_text())["rows"]
-    assert list(rows) == ["bare FastAPI", "bare FastAPI + a one-node LangGraph graph", "hotel-api"]
-    assert all(row["median_s"] > 0 and row["cpu_median_s"] > 0 for row in rows.values()), rows
+    floors = ["bare FastAPI", "bare FastAPI + a one-node LangGraph graph"]
+    ups = ["concierge up (all, foreground)", "concierge up --detach (all)"]
+    assert list(rows) == [*floors, "hotel-api", *ups]
+    assert all(rows[name]["median_s"] > 0 and rows[name]["cpu_median_s"] > 0 for name in [*floors, "hotel-api"]), rows
+    assert all(rows[name]["median_s"] > 0 for name in ups), rows
     assert "| bare FastAPI + a one-node LangGraph graph |" in done.stdout
