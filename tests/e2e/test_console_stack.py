@@ -86,6 +86,12 @@ def value(text: str, name: str, **labels: str) -> float:
     )
 
 
+def held(stack: Stack) -> float:
+    """How many requests payment-api has held for its latency fault so far."""
+    text = httpx.get(f"{stack.url('payment-api')}/metrics", timeout=10).text
+    return value(text, "concierge_provider_faults_injected_total", provider="payment-api", kind="latency")
+
+
 def follow(stack: Stack, booking_id: str, kinds: list[str]) -> None:
     """The console's timeline stream, read to its end (the final entry, then the ``end`` event)."""
     url = f"{console(stack)}/api/bookings/{booking_id}/events"
@@ -178,6 +184,7 @@ def test_a_booking_that_loses_its_agent_in_the_timeline_and_in_the_metrics(stack
     before = {name: httpx.get(f"{stack.url(name)}/metrics", timeout=10).text for name in ("booking-agent",)}
     assert value(before["booking-agent"], "concierge_bookings_final_total", outcome="confirmed") == 0
 
+    held_before = held(stack)
     injected = httpx.put(f"{base}/api/faults/payment-api", json={"latency_s": 3}, headers=CONSOLE, timeout=10)
     assert injected.status_code == 200, injected.text
     checkin, _ = stay()
@@ -192,6 +199,11 @@ def test_a_booking_that_loses_its_agent_in_the_timeline_and_in_the_metrics(stack
     deadline = time.monotonic() + 60
     while stack.booking(booking_id)["status"] != "paying":
         assert time.monotonic() < deadline, "never paying"
+        time.sleep(0.05)
+    # killed only once the charge is held at payment-api: "paying" is written before the charge is sent, and a kill
+    # in between leaves nothing made to replay
+    while held(stack) <= held_before:
+        assert time.monotonic() < deadline, "the charge never reached payment-api"
         time.sleep(0.05)
     stack.services["booking-agent"].kill()
     cleared = httpx.delete(f"{base}/api/faults/payment-api", headers=CONSOLE, timeout=10)
