@@ -78,11 +78,18 @@ def worker_for(redis: object, *, sleep: Callable[[float], Awaitable[object]] = a
 
 
 async def test_the_worker_stops_although_its_scanner_loses_its_cancellation(redis: object) -> None:
+    asleep = asyncio.Event()
     with lost_cancellations() as stubborn_sleep:
-        worker = worker_for(redis, sleep=stubborn_sleep)
+
+        async def sleep_after_a_scan(seconds: float) -> None:
+            # long enough that the stop lands here, however slowly a loaded machine runs the scan before it
+            asleep.set()
+            await stubborn_sleep(max(seconds, BOUND_S))
+
+        worker = worker_for(redis, sleep=sleep_after_a_scan)
         worker.start()
         scanner_task = worker._tasks[0]
-        await asyncio.sleep(0.1)  # a few scans: the scanner is somewhere in its loop
+        await ends_within(asleep.wait())  # a scan done, the scanner asleep where its cancellation is lost
 
         await ends_within(worker.stop(grace=1.0))
         # the flag ended the loop the cancellation did not: nothing is left running to hold the process
