@@ -133,9 +133,10 @@ def _time_start(argv: Sequence[str], env: Mapping[str, str], url: str, log: Path
 
 
 def _port_base() -> int:
-    """A base with its hundred ports free (``up`` puts its services at base + 0..90, replicas after)."""
+    """A base with its hundred ports free (``up`` puts its services at base + 0..90, replicas after), below Linux's
+    ephemeral range (32768 and up), where any process's outgoing connection could take one before a service binds."""
     for _ in range(100):
-        base = random.randrange(20000, 60000, 100)
+        base = random.randrange(20000, 32700 - 100, 100)
         with contextlib.ExitStack() as held:
             try:
                 for port in range(base, base + 100):

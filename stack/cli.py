@@ -1,4 +1,4 @@
-"""``concierge``: the command line (console script ``stack.cli:main``).
+"""``concierge``: the command line (console script ``stack.cli:run``, which is ``main`` in a process of its own).
 
 Each subcommand lives behind a ``register(subparsers)`` function that adds its parser and sets
 ``handler=<callable(args) -> exit code>``. Adding a command (``up``, ``down``, ``status``, ``book``...) means
@@ -43,6 +43,8 @@ __all__ = [
     "main",
     "parser_for",
     "register_serve",
+    "run",
+    "without_trio",
 ]
 
 Registrar = Callable[[Subparsers], None]
@@ -183,5 +185,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return handler(args)
 
 
+def without_trio() -> None:
+    """Mark trio absent in this process. None of ours runs under trio, yet httpcore imports it wherever it is installed
+    (selenium brings it into the dev environment): 0.1 s of start-up and an ``ldconfig`` fork in every process that
+    builds an HTTP client (docs/benchmarks.md#start-up). Process entry points call it, never a library."""
+    sys.modules.setdefault("trio", None)
+
+
+def run() -> int:
+    """The process entry point (console script ``concierge``, ``python -m stack.cli``, each service ``up`` starts)."""
+    without_trio()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

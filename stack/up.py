@@ -287,4 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from stack.cli import without_trio
+
+    without_trio()
     sys.exit(main())

@@ -68,7 +68,8 @@ def loaded_at_import(module: str, then: str = "pass") -> set[str]:
     """``sys.modules`` after ``import <module>`` (and the statement ``then``) in a fresh interpreter of this
     environment."""
     env = {k: v for k, v in os.environ.items() if k not in _UNSET}
-    code = f"import {module}, json, sys; {then}; print(json.dumps(sorted(sys.modules)))"
+    # a name marked absent (None in sys.modules: stack.cli.without_trio) is not loaded
+    code = f"import {module}, json, sys; {then}; print(json.dumps(sorted(k for k, v in sys.modules.items() if v)))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -116,3 +117,14 @@ def test_the_whole_parser_loads_every_command() -> None:
     # the probe itself can fail: the command modules are found where they are loaded
     loaded = loaded_at_import("stack.cli", "stack.cli.build_parser()")
     assert {"stack.up", "stack.chaos", "stack.demo", "stack.ops"} <= loaded
+
+
+# what a process of ours does with its first HTTP client: httpcore's import of trio whenever it is installed
+FIRST_CLIENT = "import httpx, asyncio; asyncio.run(httpx.AsyncClient().aclose())"
+
+
+def test_a_process_of_ours_never_loads_trio() -> None:
+    # the probe itself can fail: trio is here (selenium's), and httpcore loads it with a client
+    assert "trio" in loaded_at_import("httpx", FIRST_CLIENT)
+    # every process the CLI starts goes through run(): here a command line with no command (usage, exit 2)
+    assert "trio" not in loaded_at_import("stack.cli", f"stack.cli.run(); {FIRST_CLIENT}")
