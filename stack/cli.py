@@ -189,7 +189,7 @@ def without_trio() -> None:
     """Mark trio absent in this process. None of ours runs under trio, yet httpcore imports it wherever it is installed
     (selenium brings it into the dev environment): 0.1 s of start-up and an ``ldconfig`` fork in every process that
     builds an HTTP client (docs/benchmarks.md#start-up). Process entry points call it, never a library."""
-    sys.modules.setdefault("trio", None)
+    sys.modules.setdefault("trio", None)  # type: ignore[arg-type]  # None: "import trio" raises ModuleNotFoundError
 
 
 def run() -> int:
