@@ -5,7 +5,7 @@
 Before anything starts, in this order and each in well under a second or two: a service secret taken from the
 environment is usable, the data directory is free (no live supervisor), the planned ports are free, Redis is found
 (``redis_server.plan_redis``). Any of them failing is
-one line and exit 1, with nothing left running. ``--detach`` starts the same supervisor as a background process
+one line and exit 1, with nothing left running. ``--detach`` forks the same supervisor into the background
 (new session, output in ``<data dir>/logs/supervisor.log``) and returns once it reports every service ready.
 
 The stack's secrets (``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN``, ``LLM_API_KEY``) come from the
@@ -21,9 +21,9 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 
 from infra.auth import MissingSecretError, service_secret
@@ -32,7 +32,6 @@ from stack.console import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    Handler,
     Subparsers,
     one_line_errors,
     render_stack,
@@ -47,10 +46,9 @@ from stack.redis_server import plan_redis, redact
 from stack.state import StackPaths, StackSecrets, is_stack_process, pid_alive, read_state
 from stack.supervisor import DEFAULT_GRACE_S, DEFAULT_READY_TIMEOUT_S, Supervisor, SupervisorConfig
 
-__all__ = ["READY_PHRASE", "concierge_command", "main", "register_up"]
+__all__ = ["READY_PHRASE", "concierge_command", "register_up"]
 
 READY_PHRASE = "all services ready"
-_DAEMON_FLAG = "--_daemon"
 _POLL_S = 0.1
 
 
@@ -99,8 +97,7 @@ def register_up(subparsers: Subparsers) -> None:
         metavar="S",
         help="how long start-up may take (default 60)",
     )
-    parser.add_argument(_DAEMON_FLAG, action="store_true", help=argparse.SUPPRESS)
-    parser.set_defaults(handler=_up)
+    parser.set_defaults(handler=_up, _daemon=False)
 
 
 @one_line_errors("up")
@@ -213,17 +210,36 @@ def _check_secret() -> None:
             raise StartupError(f"{exc}; or unset it and `up` generates one") from None
 
 
-def _daemon_argv(args: argparse.Namespace) -> list[str]:
-    # this module's own entry point: the daemon needs `up` only, not every command's imports
-    argv = [sys.executable, "-m", "stack.up", _DAEMON_FLAG, "--host", args.host]
-    argv += ["--grace", repr(args.grace), "--timeout", repr(args.timeout)]
-    if args.port_base is not None:
-        argv += ["--port-base", str(args.port_base)]
-    for item in args.scale:
-        argv += ["--scale", item]
-    for item in args.port:
-        argv += ["--port", item]
-    return argv
+def _fork_supervisor(args: argparse.Namespace, paths: StackPaths) -> int:
+    """The supervisor forked from this process, whose modules are already imported (a second interpreter would start
+    and import them again: half a second), in a session of its own with its output in ``supervisor.log``. Returns
+    its pid here; the child never returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = EXIT_FAILURE
+    try:
+        os.setsid()
+        with open(os.devnull, "rb") as null, paths.supervisor_log.open("ab") as log:
+            os.dup2(null.fileno(), 0)
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        code = _up(argparse.Namespace(**{**vars(args), "detach": False, "_daemon": True}))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _exit_code(pid: int) -> int | None:
+    """The forked supervisor's exit code once it has exited, else None."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    return None if done == 0 else os.waitstatus_to_exitcode(status)
 
 
 def _detach(args: argparse.Namespace, paths: StackPaths) -> int:
@@ -231,63 +247,42 @@ def _detach(args: argparse.Namespace, paths: StackPaths) -> int:
     asyncio.run(plan_redis(get_settings().redis_url))
     paths.logs.mkdir(parents=True, exist_ok=True)
     paths.state_file.unlink(missing_ok=True)  # stale: no supervisor is running
-    with paths.supervisor_log.open("ab") as log:
-        daemon = subprocess.Popen(
-            _daemon_argv(args),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
-    deadline = time.monotonic() + args.timeout + 15  # plus Redis start and the interpreter's own start
+    daemon = _fork_supervisor(args, paths)
+    deadline = time.monotonic() + args.timeout + 15  # plus Redis start and the supervisor's own
     try:
         while True:
             state = read_state(paths)
-            if state is not None and state.supervisor_pid == daemon.pid:
+            if state is not None and state.supervisor_pid == daemon:
                 if state.phase == "ready":
                     print(render_stack(state))
                     print(
-                        f"{READY_PHRASE} in {state.ready_after_s or 0:.1f}s (supervisor pid {daemon.pid}; `concierge down` stops it)"
+                        f"{READY_PHRASE} in {state.ready_after_s or 0:.1f}s (supervisor pid {daemon}; `concierge down` stops it)"
                     )
-                    # the daemon outlives us on purpose; it is no longer our child to wait for
-                    daemon.returncode = 0
-                    return EXIT_OK
+                    return EXIT_OK  # the daemon outlives us on purpose
                 if state.phase == "failed":
                     # it stops what it started on its own; return only once it has
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        daemon.wait(timeout=args.grace + 30)
+                    _wait_exit(daemon, args.grace + 30)
                     raise StartupError(state.error or "start-up failed")
-            code = daemon.poll()
+            code = _exit_code(daemon)
             if code is not None:
                 raise StartupError(
                     f"the supervisor exited with {code}: {last_line(paths.supervisor_log) or 'no output'}"
                 )
             if time.monotonic() > deadline:
-                _stop_daemon(daemon.pid)
+                _stop_daemon(daemon)
                 raise StartupError(f"no answer from the supervisor in time; see {paths.supervisor_log}")
             time.sleep(_POLL_S)
     except KeyboardInterrupt:
-        _stop_daemon(daemon.pid)
+        _stop_daemon(daemon)
         return EXIT_INTERRUPTED
+
+
+def _wait_exit(pid: int, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while _exit_code(pid) is None and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
 
 
 def _stop_daemon(pid: int) -> None:
     if pid_alive(pid):
         os.kill(pid, signal.SIGTERM)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m stack.up [up options]``: ``concierge up`` alone (how ``--detach`` starts the daemon)."""
-    parser = argparse.ArgumentParser(prog="concierge")
-    register_up(parser.add_subparsers())
-    args = parser.parse_args(["up", *(sys.argv[1:] if argv is None else argv)])
-    handler: Handler = args.handler
-    return handler(args)
-
-
-if __name__ == "__main__":
-    from stack.cli import without_trio
-
-    without_trio()
-    sys.exit(main())
