@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import secrets
 import selectors
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,7 +41,7 @@ from bench._stack import _delete_prefixed_keys, machine, write_results
 from infra.people import LOCAL_ISSUER, LocalIssuer
 from stack.services import SERVICES
 from stack.up import READY_PHRASE
-from tests.procs import HOST, concierge_command, free_port
+from tests.procs import HOST, concierge_command, free_port, free_port_block
 
 RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
 BARE = "bare FastAPI"
@@ -132,25 +130,10 @@ def _time_start(argv: Sequence[str], env: Mapping[str, str], url: str, log: Path
         proc.wait()
 
 
-def _port_base() -> int:
-    """A base with its hundred ports free (``up`` puts its services at base + 0..90, replicas after), below Linux's
-    ephemeral range (32768 and up), where any process's outgoing connection could take one before a service binds."""
-    for _ in range(100):
-        base = random.randrange(20000, 32700 - 100, 100)
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + 100):
-                    held.enter_context(socket.socket()).bind((HOST, port))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError("no hundred free ports in a row found")
-
-
 def _time_up(env: Mapping[str, str], data_dir: Path, log: Path) -> float:
     """``concierge up --detach`` (returns once every service is ready), then ``concierge down``."""
     up_env = {**env, "CONCIERGE_DATA_DIR": str(data_dir)}
-    argv = [*concierge_command(), "up", "--detach", "--port-base", str(_port_base())]
+    argv = [*concierge_command(), "up", "--detach", "--port-base", str(free_port_block(100))]
     with log.open("ab") as out:
         started = time.monotonic()
         code = subprocess.call(argv, env=up_env, stdout=out, stderr=out)
@@ -166,7 +149,7 @@ def _time_up_foreground(env: Mapping[str, str], data_dir: Path, log: Path) -> fl
     """``concierge up`` as a person runs it, until it prints that every service is ready; then SIGTERM, which stops
     the stack as Ctrl-C does."""
     up_env = {**env, "CONCIERGE_DATA_DIR": str(data_dir)}
-    argv = [*concierge_command(), "up", "--port-base", str(_port_base())]
+    argv = [*concierge_command(), "up", "--port-base", str(free_port_block(100))]
     started = time.monotonic()
     proc = subprocess.Popen(
         argv, env=up_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0

@@ -40,7 +40,7 @@ TEST_ADMIN_TOKEN = "test-admin-token"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``make test``'s workers (``-n 2 --dist loadgroup``) a file's tests stay on one worker: its module-scoped
+    """Under ``make test``'s workers (``-n 4 --dist loadgroup``) a file's tests stay on one worker: its module-scoped
     stack starts once, and its tests run in their written order. A module marked ``xdist_group`` joins that group
     instead (the modules sharing a ``shared_stack``).
 

@@ -31,6 +31,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -88,6 +89,28 @@ def free_port() -> int:
         if port not in _issued_ports:
             _issued_ports.add(port)
             return port
+
+
+def free_port_block(span: int) -> int:
+    """A base port with ``span`` free ports from it (checked by binding each, as ``up`` does), below Linux's
+    ephemeral range (32768 and up), where any process's outgoing connection could take one before a service binds."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_768 - span)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + span):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((HOST, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError(f"no block of {span} free ports found")
 
 
 def concierge_command() -> list[str]:

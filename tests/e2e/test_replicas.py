@@ -14,9 +14,7 @@ import asyncio
 import datetime as dt
 import itertools
 import os
-import random
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -33,7 +31,7 @@ import pytest
 from domain.booking import FINAL_BOOKING_STATUSES
 from stack.control import call
 from stack.state import StackPaths, pid_alive, read_secrets, read_state
-from tests.procs import concierge_command
+from tests.procs import concierge_command, free_port_block
 
 # about two minutes on a shared two-core machine: ten service processes start, then the load runs through four kills
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -62,28 +60,6 @@ ENV = {
 # --port-base B: the table's ports are B+0..B+20, the extra replicas B+21..B+24, the four fronts B+25..B+28
 PORT_SPAN = 29
 FINAL_WAIT_S = 120.0
-
-
-def free_port_block(span: int) -> int:
-    """A base port with ``span`` free ports from it (checked by binding each, as ``up`` does), below Linux's
-    ephemeral range (32768 and up), where any process's outgoing connection could take one before a service binds."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 32_768 - span)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + span):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise AssertionError(f"no block of {span} free ports found")
 
 
 def concierge(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
