@@ -223,10 +223,13 @@ async def test_a_retry_after_holds_every_replica_until_it_has_passed(sim: Sim, m
     prefix = f"{sim.prefix}-shared-{uuid.uuid4().hex[:6]}"
     first, other = (make(redis=True, CONCIERGE_KEY_PREFIX=prefix) for _ in range(2))
     waiting = asyncio.create_task(ask(first, HELLO))
-    for _ in range(100):
-        if sim.log():
+    assert first.limiter is not None
+    for _ in range(1000):  # the hold is in the shared store (not only the 429 in the provider's log)
+        if await first.limiter.wait_for(PRIMARY_MODEL) > 0:
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError(f"no hold in the shared store after the 429: {sim.log()}")
     replies = [await ask(other, HELLO), await waiting]
     assert all(r.model == PRIMARY_MODEL for r in replies)
     refused, *answered = sim.log()
