@@ -1,4 +1,4 @@
-"""Reports test assertions that put an upper bound on wall-clock time (`assert elapsed < 5`).
+"""Reports test assertions that put an upper bound on wall-clock time (`elapsed < 5` asserted).
 
 Such a bound fails on a loaded machine without anything being wrong; a test waits for a condition with a generous
 deadline instead and timing claims live in bench/. Lower bounds (a wait happened) are fine. Stdlib only, AST-based.
@@ -155,7 +155,7 @@ def _upper_bounded(compare: ast.Compare, scope: _Scope, in_loop: bool) -> bool:
 
 
 def _assertion_bounds(test: ast.AST, scope: _Scope, in_loop: bool) -> bool:
-    """Any comparison in an assert's test (`assert ok and elapsed < 1` too)."""
+    """Any comparison in an assert's test (`ok and elapsed < 1` in one too)."""
     return any(isinstance(node, ast.Compare) and _upper_bounded(node, scope, in_loop) for node in ast.walk(test))
 
 
