@@ -41,7 +41,7 @@ from bench._stack import _delete_prefixed_keys, machine, write_results
 from infra.people import LOCAL_ISSUER, LocalIssuer
 from stack.services import SERVICES
 from stack.up import READY_PHRASE
-from tests.procs import HOST, concierge_command, free_port, free_port_block
+from tests.procs import HOST, concierge_command, free_port, stack_port_base
 
 RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
 BARE = "bare FastAPI"
@@ -133,7 +133,7 @@ def _time_start(argv: Sequence[str], env: Mapping[str, str], url: str, log: Path
 def _time_up(env: Mapping[str, str], data_dir: Path, log: Path) -> float:
     """``concierge up --detach`` (returns once every service is ready), then ``concierge down``."""
     up_env = {**env, "CONCIERGE_DATA_DIR": str(data_dir)}
-    argv = [*concierge_command(), "up", "--detach", "--port-base", str(free_port_block(100))]
+    argv = [*concierge_command(), "up", "--detach", "--port-base", str(stack_port_base())]
     with log.open("ab") as out:
         started = time.monotonic()
         code = subprocess.call(argv, env=up_env, stdout=out, stderr=out)
@@ -149,7 +149,7 @@ def _time_up_foreground(env: Mapping[str, str], data_dir: Path, log: Path) -> fl
     """``concierge up`` as a person runs it, until it prints that every service is ready; then SIGTERM, which stops
     the stack as Ctrl-C does."""
     up_env = {**env, "CONCIERGE_DATA_DIR": str(data_dir)}
-    argv = [*concierge_command(), "up", "--port-base", str(free_port_block(100))]
+    argv = [*concierge_command(), "up", "--port-base", str(stack_port_base())]
     started = time.monotonic()
     proc = subprocess.Popen(
         argv, env=up_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0

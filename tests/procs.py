@@ -113,6 +113,16 @@ def free_port_block(span: int) -> int:
     raise AssertionError(f"no block of {span} free ports found")
 
 
+def stack_port_base(scale: Mapping[str, int] | None = None) -> int:
+    """A ``--port-base`` for ``concierge up --scale ...``: a free block as wide as the stack it plans (the table's
+    ports, the extra replicas after them, then the fronts), so no port ``up`` derives can be someone else's."""
+    from stack.layout import DEFAULT_PORT_BASE, plan_fronts, plan_instances
+
+    instances = plan_instances(scale=scale)
+    ports = [i.port for i in instances] + [f.port for f in plan_fronts(instances)]
+    return free_port_block(max(ports) - DEFAULT_PORT_BASE + 1)
+
+
 def concierge_command() -> list[str]:
     """The ``concierge`` console script of this interpreter's environment (``python -m`` when not installed)."""
     script = Path(sys.executable).with_name("concierge")

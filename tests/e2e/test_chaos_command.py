@@ -21,9 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stack.services import SERVICES
 from stack.state import StackPaths, pid_alive, read_state
-from tests.procs import concierge_command, concierge_env, free_port
+from tests.procs import concierge_command, concierge_env, free_port, stack_port_base
 from tests.stack import fresh_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -43,7 +42,7 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     with fresh_database(name_prefix="concierge_chaos") as database_url:
         env = concierge_env(data, f"redis://127.0.0.1:{free_port()}/0", prefix="chaos", **SETTINGS)
         env["DATABASE_URL"] = database_url
-        ports = [flag for name in SERVICES for flag in ("--port", f"{name}={free_port()}")]
+        ports = ["--port-base", str(stack_port_base())]
         # a loaded machine (seven engineers on two cores) starts nine services in minutes, not seconds
         up = concierge(env, "up", "--detach", "--timeout", "240", *ports, timeout=330)
         assert up.returncode == 0, up.stdout + up.stderr

@@ -19,7 +19,7 @@ import pytest
 
 from stack.services import SERVICES
 from stack.state import StackPaths, pid_alive, read_secrets, read_state
-from tests.procs import concierge_command, concierge_env, free_port
+from tests.procs import concierge_command, concierge_env, stack_port_base
 
 pytestmark = pytest.mark.e2e
 
@@ -73,8 +73,11 @@ class UpStack:
 def up(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[UpStack]:
     tmp = tmp_path_factory.mktemp("hosts")
     env = concierge_env(tmp / "data", redis_url, prefix="hosts", BOOKING_BUDGET_S="30")
-    flags = [arg for name in SERVICES for arg in ("--port", f"{name}={free_port()}")]
-    started = concierge(env, "up", "--detach", "--scale", "search-agent=2", "--timeout", "150", *flags, timeout=240)
+    # the second replica and the front take the ports after the table's: a free block holds all of them
+    base = str(stack_port_base({"search-agent": 2}))
+    started = concierge(
+        env, "up", "--detach", "--scale", "search-agent=2", "--timeout", "150", "--port-base", base, timeout=240
+    )
     log = tmp / "data" / "logs" / "supervisor.log"
     assert started.returncode == 0, f"{started.stdout}\n{started.stderr}\n{log.read_text() if log.exists() else ''}"
     try:

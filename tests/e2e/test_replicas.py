@@ -31,7 +31,7 @@ import pytest
 from domain.booking import FINAL_BOOKING_STATUSES
 from stack.control import call
 from stack.state import StackPaths, pid_alive, read_secrets, read_state
-from tests.procs import concierge_command, free_port_block
+from tests.procs import concierge_command, stack_port_base
 
 # about two minutes on a shared two-core machine: ten service processes start, then the load runs through four kills
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -57,8 +57,6 @@ ENV = {
     "BOOKING_BUDGET_S": "30",
     "PYTHONUNBUFFERED": "1",
 }
-# --port-base B: the table's ports are B+0..B+20, the extra replicas B+21..B+24, the four fronts B+25..B+28
-PORT_SPAN = 29
 FINAL_WAIT_S = 120.0
 
 
@@ -225,7 +223,7 @@ def test_one_replica_of_each_killed_in_turn_under_load_loses_and_doubles_nothing
     env = stack_env
     paths = StackPaths.at(tmp_path / "data")
     scale = [flag for name, count in SCALE.items() for flag in ("--scale", f"{name}={count}")]
-    up = concierge(env, "up", "--detach", "--port-base", str(free_port_block(PORT_SPAN)), *scale, timeout=180)
+    up = concierge(env, "up", "--detach", "--port-base", str(stack_port_base(SCALE)), *scale, timeout=180)
     assert up.returncode == 0, f"{up.stdout}\n{up.stderr}\n{paths.supervisor_log.read_text()}"
     state = read_state(paths)
     assert state is not None
