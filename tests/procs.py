@@ -93,10 +93,15 @@ def free_port() -> int:
 
 def free_port_block(span: int) -> int:
     """A base port with ``span`` free ports from it (checked by binding each, as ``up`` does), below Linux's
-    ephemeral range (32768 and up), where any process's outgoing connection could take one before a service binds."""
+    ephemeral range (32768 and up), where any process's outgoing connection could take one before a service binds.
+    Each pytest-xdist worker draws from a slice of its own, so two workers' stacks never share a port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    width = (32_768 - 20_000) // max(workers, 1)
+    low = 20_000 + width * (int(worker) % max(workers, 1) if worker.isdigit() else 0)
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20_000, 32_768 - span)
+        base = rng.randrange(low, low + width - span)
         socks: list[socket.socket] = []
         try:
             for port in range(base, base + span):
