@@ -95,10 +95,10 @@ def free_port_block(span: int) -> int:
     """A base port with ``span`` free ports from it (checked by binding each, as ``up`` does), below Linux's
     ephemeral range (32768 and up), where any process's outgoing connection could take one before a service binds.
     Each pytest-xdist worker draws from a slice of its own, so two workers' stacks never share a port."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    width = (32_768 - 20_000) // max(workers, 1)
-    low = 20_000 + width * (int(worker) % max(workers, 1) if worker.isdigit() else 0)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    width = (32_768 - 20_000) // workers
+    low = 20_000 + width * worker
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(low, low + width - span)
