@@ -60,7 +60,15 @@ from domain.booking import (
     check_nights,
     parse_iso_date,
 )
-from graph.booking import BookingDeps, booking_deadline, booking_input, build_booking_graph, open_booking_deps
+from graph.booking import (
+    BOOKING_GRAPH,
+    BookingDeps,
+    booking_deadline,
+    booking_input,
+    booking_is_final,
+    build_booking_graph,
+    open_booking_deps,
+)
 from infra.a2a.errors import SkillFailure
 from infra.a2a.server import Skill, current_caller, current_person, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
@@ -101,11 +109,12 @@ from resilience import (
 from runs.leases import RunStore, instance_name
 from runs.presence import Presence
 from runs.runner import execute_run
+from runs.versions import graph_fingerprint
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "booking-agent"
-GRAPH = "booking"
+GRAPH = BOOKING_GRAPH
 MAX_WAIT_S = 60.0
 # How long a shutting-down agent lets the current step of each run finish before cancelling it.
 DRAIN_S = 10.0
@@ -264,6 +273,8 @@ class BookingService:
         self.deps = deps
         self.bookings: BookingStore = deps.bookings
         self.graph = graph
+        self.version = None if graph is None else graph_fingerprint(graph)
+        """What every run this process starts records: the shape it runs on (``runs.versions``)."""
         self.runs = runs
         self.guard = guard
         self.instance = instance
@@ -348,7 +359,7 @@ class BookingService:
                 raise _key_reused()
         run_input = dict(booking_input(booking_id, payload))  # without the payment token: that waits apart
         await self.deps.payment_tokens.put(booking_id, request.payment_token)
-        lease = await self.runs.create(booking_id, GRAPH, run_input, self.instance)
+        lease = await self.runs.create(booking_id, GRAPH, run_input, self.instance, version=self.version)
         try:
             created = await self.bookings.create(booking_id, payload)
         except BaseException:
@@ -386,6 +397,7 @@ class BookingService:
                 stop=self.stopping,
                 hand_off=self.guard.safe_enqueue,
                 promised_until=booking_deadline(time.time()),  # accepted just now
+                is_final=booking_is_final,
             )
             confirmed = (result.values or {}).get("status") == BookingStatus.CONFIRMED
         finally:

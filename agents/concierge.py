@@ -54,6 +54,7 @@ from graph.concierge import (
     offer_for,
     open_concierge_deps,
     turn_input,
+    turn_is_final,
 )
 from graph.concierge.prompts import system_prompt
 from infra.a2a.errors import SkillFailure, SkillInputRequired
@@ -76,6 +77,7 @@ from resilience import remaining_budget
 from runs.leases import RunLease, RunRecord, RunStatus, RunStore, instance_name
 from runs.presence import Presence
 from runs.runner import RunInput, execute_run
+from runs.versions import graph_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +158,8 @@ class ConciergeService:
     def __init__(self, deps: ConciergeDeps, graph: Any, runs: RunStore, guard: QueueGuard, instance: str) -> None:
         self.deps = deps
         self.graph = graph
+        self.version = None if graph is None else graph_fingerprint(graph)
+        """What every turn this process begins records: the shape it runs on (``runs.versions``)."""
         self.runs = runs
         self.guard = guard
         self.instance = instance
@@ -192,7 +196,13 @@ class ConciergeService:
         turn_id = uuid.uuid4().hex
         run_input = turn_input(chat_id, turn_id, text)
         begun = await self.runs.begin(
-            chat_id, CONCIERGE_GRAPH, run_input, self.instance, turn=turn_id, client_key=_bound_key(client_key, text)
+            chat_id,
+            CONCIERGE_GRAPH,
+            run_input,
+            self.instance,
+            turn=turn_id,
+            client_key=_bound_key(client_key, text),
+            version=self.version,
         )
         if begun.repeat is not None:
             return begun.repeat, _status_of(await self.runs.get(chat_id))
@@ -348,6 +358,7 @@ class ConciergeService:
             budget_s=get_settings().concierge_turn_budget_s,
             stop=self.stopping,
             hand_off=self.guard.safe_enqueue,
+            is_final=turn_is_final,
         )
 
     async def view(self, chat_id: str, wait_s: float = 0.0, who: Caller | None = None) -> dict[str, Any]:

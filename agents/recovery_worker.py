@@ -43,8 +43,8 @@ from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.booking import ErrorCode
-from graph.booking import booking_deadline, build_booking_graph, open_booking_deps
-from graph.concierge import CONCIERGE_GRAPH, build_concierge_graph, open_concierge_deps, starts_over
+from graph.booking import BOOKING_BUILDERS, BOOKING_GRAPH, booking_deadline, booking_is_final, open_booking_deps
+from graph.concierge import CONCIERGE_BUILDERS, CONCIERGE_GRAPH, open_concierge_deps, starts_over, turn_is_final
 from graph.concierge import give_up_update as concierge_give_up
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
@@ -52,7 +52,7 @@ from infra.journal import name_instance
 from infra.service import create_service_app
 from infra.settings import get_settings
 from infra.tasks import stop_task
-from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoverableGraph, RecoveryConsumer
+from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoverableGraph, RecoveryConsumer, Versions
 from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
 from recovery.scanner import OrphanScanner
 from resilience import bulkhead_registry
@@ -60,7 +60,6 @@ from runs.leases import RunRecord, RunStore, instance_name
 from runs.presence import Presence, PresenceMonitor
 
 __all__ = [
-    "BOOKING_GRAPH",
     "DRAIN_S",
     "QUEUE_HEALTH_FIELDS",
     "SERVICE",
@@ -74,8 +73,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SERVICE = "recovery-worker"
-BOOKING_GRAPH = "booking"
-"""``RunRecord.graph`` of booking runs (what booking-agent records)."""
 DRAIN_S = 10.0
 """How long a stopping worker lets its runs hand themselves back before cancelling their tasks."""
 QUEUE_HEALTH_FIELDS = (
@@ -115,13 +112,25 @@ def booking_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: Bo
     def promised_until(record: RunRecord) -> float:
         return booking_deadline(record.created_at)  # the run record was written when the booking was accepted
 
-    return RecoverableGraph(graph=graph, give_up_update=give_up_update, prepare=prepare, promised_until=promised_until)
+    async def committed(record: RunRecord) -> bool:
+        return await bookings.committed(record.thread_id)
+
+    return RecoverableGraph(
+        graph=graph,
+        give_up_update=give_up_update,
+        prepare=prepare,
+        promised_until=promised_until,
+        is_final=booking_is_final,
+        committed=committed,
+    )
 
 
 def concierge_recovery(graph: CompiledStateGraph[Any, Any, Any, Any]) -> RecoverableGraph:
     """How the consumer resumes chat turns: a turn with no step of its own yet starts from its input (the chat's
     checkpoint is the previous turn's), a parked one parks again, one given up on ends ``failed``."""
-    return RecoverableGraph(graph=graph, give_up_update=concierge_give_up, starts_over=starts_over)
+    return RecoverableGraph(
+        graph=graph, give_up_update=concierge_give_up, starts_over=starts_over, is_final=turn_is_final
+    )
 
 
 class RecoveryWorker:
@@ -136,7 +145,7 @@ class RecoveryWorker:
     def for_graphs(
         cls,
         redis: Redis,
-        graphs: Mapping[str, RecoverableGraph],
+        graphs: Mapping[str, Versions],
         *,
         consumer_id: str,
         config: ConsumerConfig | None = None,
@@ -285,10 +294,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         open_concierge_deps(redis) as concierge_deps,
     ):
         app.state.checkpointer = saver
-        graph = build_booking_graph(deps, saver)
+        # every version this code runs, current first: a run resumes only on the one it started on
         graphs = {
-            BOOKING_GRAPH: booking_recovery(graph, deps.bookings),
-            CONCIERGE_GRAPH: concierge_recovery(build_concierge_graph(concierge_deps, saver)),
+            BOOKING_GRAPH: [booking_recovery(build(deps, saver), deps.bookings) for build in BOOKING_BUILDERS],
+            CONCIERGE_GRAPH: [concierge_recovery(build(concierge_deps, saver)) for build in CONCIERGE_BUILDERS],
         }
         worker = RecoveryWorker.for_graphs(redis, graphs, consumer_id=instance)
         app.state.recovery = worker

@@ -251,6 +251,9 @@ class JournalKind(StrEnum):
     QUEUED_FOR_RECOVERY = "queued_for_recovery"
     RESUMED = "resumed"
     HANDED_OFF = "handed_off"
+    WAITING_FOR_VERSION = "waiting_for_version"
+    """Its graph version is one the process that took it does not run: it waits (``version``: the label,
+    ``fingerprint``), never resumed on another graph, until a process that runs it takes it up (``resumed``)."""
     COMPENSATION = "compensation"
     CANCEL_REQUESTED = "cancel_requested"
     CONFIRMED = "confirmed"

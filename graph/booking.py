@@ -52,10 +52,10 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict, cast
+from typing import Any, Final, Protocol, TypedDict, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -64,6 +64,7 @@ from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
 from domain.booking import (
+    FINAL_BOOKING_STATUSES,
     BookingStatus,
     ErrorCode,
     InvalidStayError,
@@ -88,6 +89,8 @@ from resilience.budget import detached_budget
 
 logger = logging.getLogger(__name__)
 
+BOOKING_GRAPH: Final = "booking"
+"""``RunRecord.graph`` of booking runs, and the compiled graph's name."""
 MAX_CANDIDATES = 3
 COMPENSATION_BUDGET_S = 30.0
 
@@ -468,7 +471,17 @@ def build_booking_graph(
     builder.add_edge("compensate", "refund")
     builder.add_edge(["release_hold", "refund"], "finish")
     builder.add_edge("finish", END)
-    return builder.compile(checkpointer=checkpointer, name="booking")
+    return builder.compile(checkpointer=checkpointer, name=BOOKING_GRAPH)
+
+
+BOOKING_BUILDERS: Final = (build_booking_graph,)
+"""Every version of the booking graph this code runs, current first: an earlier shape's builder stays here while runs
+of it may be in flight (docs/upgrades.md)."""
+
+
+def booking_is_final(values: Mapping[str, Any]) -> bool:
+    """A booking run is over only when its booking is: ``done`` with it ``paying`` would strand a paid booking."""
+    return values.get("status") in FINAL_BOOKING_STATUSES
 
 
 def booking_deadline(accepted_at: float) -> float:

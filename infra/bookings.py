@@ -349,6 +349,10 @@ class BookingStore:
         """Clear the mark: the only attempt made was refused before anything was sent (nothing to refund)."""
         await self._redis.hdel(self._key(booking_id), "charge_sent_at")
 
+    async def committed(self, booking_id: str) -> bool:
+        """Whether the saga passed its point of no return (``commit``): from there it only goes forward."""
+        return bool(await self._redis.hexists(self._key(booking_id), "committed_at"))
+
     async def commit(self, booking_id: str) -> bool:
         """Pass the point of no return (right before the confirm is sent); False when a cancel came first."""
         return bool(await _COMMIT(self._redis, keys=[self._key(booking_id)], args=[time.time()]))

@@ -7,6 +7,7 @@ For every delivery::
                           ▼
                    RunStore.acquire (fenced) ──held by a live owner──▶ ack "skipped" (the holder answers for it)
                           │
+                          ├─ its graph version is none this worker runs ─▶ set aside (``awaiting_version``), ack
                           ▼  ack "recovered" at once: from here the lease stands for the run
                    attempt n (n = run record's attempts + 1), inside the ``recovery_worker`` bulkhead:
                        prepare (recreate what the run expects, e.g. the booking record)
@@ -46,6 +47,13 @@ A checkpoint whose step finished but was never saved (the store failed right aft
 result as pending writes: a resume applies them instead of running the step again, and a give-up records them with
 the error so the compensation sees, say, the hold it must cancel.
 
+**Graph versions.** ``graphs`` names, per graph, every version this worker runs (the current builder and the earlier
+ones kept while runs of them may be in flight). A run is resumed, and given up on, only by the version it started
+on; a run of another is set aside, and the take loop wakes the runs waiting for a version it runs (a rollback, an
+old replica), each exactly once (``RunStore.wake`` is fenced). A graph with no next step whose run is not final
+(``RecoverableGraph.is_final``) is never marked done; past the point of no return (``committed``) giving up sends the
+run to the DLQ as it stands, never into compensation. docs/upgrades.md.
+
 **Shutdown** (``stop``): no new takes; a run in a graph step has that step cancelled and is handed back
 (lease released, run re-enqueued at once, so another worker does not wait for the TTL); a run waiting out a backoff
 is handed back the same way; whatever is still busy after the grace period is cancelled, which hands it back too.
@@ -56,7 +64,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -75,9 +83,10 @@ from recovery.errors import RecoveryStoreError
 from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
 from resilience import Bulkhead, RetryConfig, backoff_delay, bulkhead_registry
 from resilience.budget import detached_budget
-from runs.errors import LeaseLostError, RunError
+from runs.errors import LeaseLostError, RunError, RunNotFinalError
 from runs.leases import RunLease, RunRecord, RunStatus, RunStore
-from runs.runner import RunOutcome, RunResult, execute_run, run_config
+from runs.runner import Finished, RunOutcome, RunResult, execute_run, run_config, set_aside
+from runs.versions import graph_fingerprint, legacy_version, version_label
 
 __all__ = [
     "BULKHEAD_NAME",
@@ -87,6 +96,7 @@ __all__ = [
     "RecoverableGraph",
     "RecoveryConsumer",
     "RecoveryOutcome",
+    "Versions",
 ]
 
 logger = logging.getLogger(__name__)
@@ -115,6 +125,8 @@ class RecoveryOutcome(StrEnum):
     """Gave up and could not compensate either: the run waits in the DLQ for an operator."""
     FAILED = "failed"
     """The consumer itself could not proceed (Redis unreachable); the run comes back by redelivery or its lease."""
+    WAITING = "waiting_for_version"
+    """Its graph version is none this worker runs: set aside until a process that runs it wakes it."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,20 @@ class RecoverableGraph:
     promised_until: Callable[[RunRecord], float] | None = None
     """When the run promised its caller an end (seconds since the epoch): a resumed attempt waits out an outage only
     until then (``execute_run``), its fresh budget notwithstanding."""
+    is_final: Finished | None = None
+    """Whether the graph's last values are final for what the run is for: a graph with no next step and values that
+    are not is stranded (``RunNotFinalError``), never ``done``."""
+    committed: Callable[[RunRecord], Awaitable[bool]] | None = None
+    """Whether the run passed its point of no return: giving up then dead-letters it as it stands, uncompensated."""
+
+    @property
+    def version(self) -> str:
+        """The fingerprint of ``graph``'s shape (``runs.versions``): the runs it may resume."""
+        return graph_fingerprint(self.graph)
+
+
+Versions = RecoverableGraph | Sequence[RecoverableGraph]
+"""One graph's versions this worker runs: the current one first, then the earlier ones kept (docs/upgrades.md)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +175,8 @@ class ConsumerConfig:
     """How long attempts failing on an outage are retried without counting (``RECOVERY_OUTAGE_HORIZON``)."""
     take_wait: float = 0.25
     """How long one ``take`` polls; also how quickly the take loop notices ``stop``."""
+    wake_interval: float = 1.0
+    """How often the take loop looks for runs waiting for a graph version this worker runs."""
     poll_interval: float = 0.05
     idle_backoff: float = 1.0
     """Pause after the queue itself failed (Redis unreachable) before taking again."""
@@ -211,7 +239,8 @@ def _describe(error: BaseException | None) -> str:
 class RecoveryConsumer:
     """Takes runs off ``queue`` and recovers them, up to the bulkhead's ``max_concurrent`` at a time.
 
-        ``runs``/``queue``/``guard`` must share one key prefix; ``graphs`` maps ``RunRecord.graph`` to what resumes it;
+        ``runs``/``queue``/``guard`` must share one key prefix; ``graphs`` maps ``RunRecord.graph`` to what resumes it
+        (one ``RecoverableGraph``, or its versions, current first);
         ``consumer_id`` is both the queue consumer and the lease owner. ``bulkhead`` defaults to the registry's
         ``recovery_worker`` (3 slots, 120 s per attempt). ``sleep`` is what backoffs wait with, ``clock`` what measures
     how long an outage has lasted.
@@ -223,7 +252,7 @@ class RecoveryConsumer:
         runs: RunStore,
         queue: RecoveryQueue,
         guard: QueueGuard,
-        graphs: Mapping[str, RecoverableGraph],
+        graphs: Mapping[str, Versions],
         consumer_id: str,
         bulkhead: Bulkhead | None = None,
         config: ConsumerConfig | None = None,
@@ -233,7 +262,14 @@ class RecoveryConsumer:
         self.runs = runs
         self.queue = queue
         self.guard = guard
-        self.graphs = dict(graphs)
+        self.versions: dict[str, dict[str, RecoverableGraph]] = {
+            name: {target.version: target for target in ([found] if isinstance(found, RecoverableGraph) else found)}
+            for name, found in graphs.items()
+        }
+        """Graph name → fingerprint → what resumes runs of that version (insertion order: current first)."""
+        self.graphs = {name: next(iter(versions.values())) for name, versions in self.versions.items()}
+        """Graph name → its current version."""
+        self._next_wake = 0.0
         self.consumer_id = consumer_id
         self.bulkhead = bulkhead or bulkhead_registry.get(BULKHEAD_NAME)
         self.config = config or ConsumerConfig.from_settings()
@@ -262,6 +298,10 @@ class RecoveryConsumer:
             if self.stopping.is_set():
                 self._slots.release()
                 return
+            woken = await self._wake_next()
+            if woken is not None:
+                self._track(asyncio.create_task(self._recover_woken(*woken), name=f"wake:{woken[1].thread_id}"))
+                continue
             try:
                 delivery = await self.queue.take(
                     self.consumer_id, wait=self.config.take_wait, poll_interval=self.config.poll_interval
@@ -282,9 +322,44 @@ class RecoveryConsumer:
                 self._slots.release()
                 await self._give_back(delivery)
                 return
-            task = asyncio.create_task(self._process_in_slot(delivery), name=f"recover:{delivery.thread_id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._track(asyncio.create_task(self._process_in_slot(delivery), name=f"recover:{delivery.thread_id}"))
+
+    def _track(self, task: asyncio.Task[RecoveryOutcome]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _wake_next(self) -> tuple[RecoverableGraph, RunRecord, RunLease] | None:
+        """A run waiting for a graph version this worker runs, taken up (every ``wake_interval``, then until none)."""
+        if self._clock() < self._next_wake:
+            return None
+        try:
+            for name, versions in self.versions.items():
+                for version, target in versions.items():
+                    for thread_id in await self.runs.awaiting(version, limit=10):
+                        lease = await self.runs.wake(thread_id, version, self.consumer_id)
+                        if lease is None:
+                            continue
+                        record = await self.runs.get(thread_id)
+                        if record is None:
+                            continue
+                        logger.info("run %s: woken for graph version %s", thread_id, version_label(name, version))
+                        return target, record, lease
+        except RunError as exc:
+            logger.warning("could not look for runs waiting for a graph version (%s)", exc)
+        self._next_wake = self._clock() + self.config.wake_interval
+        return None
+
+    async def _recover_woken(self, target: RecoverableGraph, record: RunRecord, lease: RunLease) -> RecoveryOutcome:
+        try:
+            return await self._recover(target, record, lease)
+        except LeaseLostError as exc:
+            logger.warning("run %s: %s; leaving it to the new owner", record.thread_id, exc)
+            return RecoveryOutcome.LOST
+        except Exception:
+            logger.exception("recovering woken run %s failed unexpectedly", record.thread_id)
+            return RecoveryOutcome.FAILED
+        finally:
+            self._slots.release()
 
     async def _give_back(self, delivery: Delivery) -> None:
         try:
@@ -331,16 +406,27 @@ class RecoveryConsumer:
                 await self.queue.ack(delivery, AckOutcome.SKIPPED)
                 logger.info("run %s: %s; nothing to recover", thread_id, "no record" if record is None else "final")
                 return RecoveryOutcome.SKIPPED
-            target = self.graphs.get(record.graph)
-            if target is None:
+            versions = self.versions.get(record.graph)
+            recorded = record.version or legacy_version(record.graph)
+            if versions is None and recorded is None:
                 error = f"this worker cannot resume graph {record.graph!r} (knows {', '.join(sorted(self.graphs))})"
                 await self.queue.dead_letter(delivery, DLQ_REASON_UNKNOWN_GRAPH, error)
                 return RecoveryOutcome.DEAD_LETTERED
+            if versions is None:
+                target = None
+            else:
+                target = versions.get(recorded) if recorded is not None else self.graphs[record.graph]
             lease = await self.runs.acquire(thread_id, self.consumer_id)
             if lease is None:
                 await self.queue.ack(delivery, AckOutcome.SKIPPED)
                 logger.info("run %s: leased by a live owner (or just finished); leaving it to them", thread_id)
                 return RecoveryOutcome.SKIPPED
+            if target is None:
+                assert recorded is not None
+                current = self.graphs.get(record.graph)
+                await set_aside(lease, record.graph, recorded, None if current is None else current.version)
+                await self.queue.ack(delivery, AckOutcome.SKIPPED)
+                return RecoveryOutcome.WAITING
         except RunError as exc:
             # the delivery stays in flight and comes back after its visibility timeout
             logger.warning("run %s: could not start its recovery (%s); it will be redelivered", thread_id, exc)
@@ -394,6 +480,8 @@ class RecoveryConsumer:
                 return RecoveryOutcome.HANDED_BACK
             if result.outcome is RunOutcome.LOST:
                 return RecoveryOutcome.LOST
+            if result.outcome is RunOutcome.WAITING:
+                return RecoveryOutcome.WAITING
             last_error = _describe(result.error)
             waiting_out = outage.goes_on(result.error)
             if not waiting_out:
@@ -439,7 +527,7 @@ class RecoveryConsumer:
 
     async def _attempt(self, target: RecoverableGraph, record: RunRecord, lease: RunLease) -> RunResult:
         graph = target.graph
-        config = run_config(record.thread_id)
+        config = run_config(record.thread_id, target.version)
         async with lease.keep_alive():
             if target.prepare is not None:
                 await target.prepare(record)
@@ -454,6 +542,9 @@ class RecoveryConsumer:
             logger.info("run %s: no checkpoint; starting from the stored input", record.thread_id)
             _journal(record.thread_id, JournalKind.RESUMED, **resumed, at_step="search", checkpoint_id=None)
         elif _is_final(snapshot):
+            stranded = _stranded(target, record, snapshot)
+            if stranded is not None:
+                return RunResult(RunOutcome.FAILED, error=stranded)
             await lease.finish(RunStatus.DONE)
             logger.info("run %s: checkpoint already final; marked done", record.thread_id)
             return RunResult(RunOutcome.DONE, dict(snapshot.values))
@@ -473,6 +564,7 @@ class RecoveryConsumer:
             stop=self.stopping,
             hand_off=self.guard.safe_enqueue,
             promised_until=None if target.promised_until is None else target.promised_until(record),
+            is_final=target.is_final,
         )
 
     # ----------------------------------------------------------------------------------------- giving up
@@ -482,6 +574,8 @@ class RecoveryConsumer:
     ) -> RecoveryOutcome:
         thread_id = record.thread_id
         logger.error("run %s: giving up after %d attempt(s): %s", thread_id, attempts, last_error)
+        if target.committed is not None and await target.committed(record):
+            return await self._forward_only(record, lease, last_error, attempts)
         outage = _Outage(self.config, self._clock)
         while True:
             try:
@@ -507,6 +601,8 @@ class RecoveryConsumer:
             return RecoveryOutcome.HANDED_BACK  # stopping: the next consumer gives up (and compensates) again
         if result.outcome is RunOutcome.LOST:
             return RecoveryOutcome.LOST
+        if result.outcome is RunOutcome.WAITING:
+            return RecoveryOutcome.WAITING
         await self.queue.dlq.send_to_dlq(thread_id, DLQ_REASON_MAX_ATTEMPTS, last_error, attempts)
         if result.outcome is RunOutcome.DONE:
             logger.error("run %s: compensated and dead-lettered (%s)", thread_id, DLQ_REASON_MAX_ATTEMPTS)
@@ -519,6 +615,19 @@ class RecoveryConsumer:
         holder = lease if not lease.lost else await self.runs.acquire(thread_id, self.consumer_id)
         if holder is not None:
             await holder.finish(RunStatus.DEAD_LETTERED, error=last_error)
+        return RecoveryOutcome.DEAD_LETTERED
+
+    async def _forward_only(
+        self, record: RunRecord, lease: RunLease, last_error: str, attempts: int
+    ) -> RecoveryOutcome:
+        """Past the point of no return nothing is undone: the run waits in the DLQ as it stands, and a requeue
+        finishes it forward from its last checkpoint."""
+        error = f"past the point of no return, not compensated: {last_error}"
+        logger.error("run %s: %s; dead-lettered for an operator to requeue", record.thread_id, error)
+        await self.queue.dlq.send_to_dlq(record.thread_id, DLQ_REASON_MAX_ATTEMPTS, error, attempts)
+        holder = lease if not lease.lost else await self.runs.acquire(record.thread_id, self.consumer_id)
+        if holder is not None:
+            await holder.finish(RunStatus.DEAD_LETTERED, error=error)
         return RecoveryOutcome.DEAD_LETTERED
 
     def _compensate_factory(
@@ -534,13 +643,16 @@ class RecoveryConsumer:
     ) -> RunResult:
         """Steer the run into its compensation and run it once more. ``DONE`` means compensated (or already final)."""
         graph = target.graph
-        config = run_config(record.thread_id)
+        config = run_config(record.thread_id, target.version)
         async with lease.keep_alive():
             if target.prepare is not None:
                 await target.prepare(record)
             snapshot = await graph.aget_state(config)
             fresh = _starts_over(target, record, snapshot)
             if snapshot.created_at is not None and _is_final(snapshot) and not fresh:
+                stranded = _stranded(target, record, snapshot)
+                if stranded is not None:
+                    return RunResult(RunOutcome.FAILED, error=stranded)
                 await lease.finish(RunStatus.DONE)
                 return RunResult(RunOutcome.DONE, dict(snapshot.values))
             # state writes outside a node are not fenced by the graph: check we still own the run right before
@@ -553,7 +665,13 @@ class RecoveryConsumer:
             if update:  # empty: the run is in its compensation already, run it again as it stands
                 await self._steer(graph, config, snapshot, update)
         return await execute_run(
-            graph, lease, None, budget_s=self.config.budget_s, stop=self.stopping, hand_off=self.guard.safe_enqueue
+            graph,
+            lease,
+            None,
+            budget_s=self.config.budget_s,
+            stop=self.stopping,
+            hand_off=self.guard.safe_enqueue,
+            is_final=target.is_final,
         )
 
     @staticmethod
@@ -592,6 +710,15 @@ class RecoveryConsumer:
 
 def _starts_over(target: RecoverableGraph, record: RunRecord, snapshot: StateSnapshot) -> bool:
     return snapshot.created_at is not None and target.starts_over is not None and target.starts_over(record, snapshot)
+
+
+def _stranded(target: RecoverableGraph, record: RunRecord, snapshot: StateSnapshot) -> RunNotFinalError | None:
+    """The error of a checkpoint with no next step whose run is not final (another shape's), else ``None``."""
+    if target.is_final is None or target.is_final(snapshot.values or {}):
+        return None
+    values = snapshot.values or {}
+    detail = f"status {values.get('status')!r}, outcome {values.get('outcome')!r}, at {snapshot.next!r}"
+    return RunNotFinalError(record.thread_id, detail)
 
 
 def _is_final(snapshot: StateSnapshot) -> bool:

@@ -8,7 +8,9 @@
           ├── LeaseLostError            another owner holds a higher fence, or this lease was released/ended:
           │                             the holder must stop writing for the run at once
           ├── RunNotFoundError          no run record for that thread id
-          └── RunFinalError             the run already reached a final status and cannot change to another one
+          ├── RunFinalError             the run already reached a final status and cannot change to another one
+          └── RunNotFinalError          the graph ran out of steps while what it runs for (the booking, the turn)
+                                        is not final: an error, never ``done`` (a checkpoint of another shape)
 
 ``LeaseLostError`` is the one a graph runner must handle: it means "someone else is (or will be) running this
 thread; anything you write now would race them". Fenced writes (``set_status(..., fence=...)``) raise it too.
@@ -21,7 +23,15 @@ from contextlib import contextmanager
 
 from redis.exceptions import RedisError
 
-__all__ = ["LeaseLostError", "RunError", "RunFinalError", "RunNotFoundError", "RunStoreError", "redis_errors"]
+__all__ = [
+    "LeaseLostError",
+    "RunError",
+    "RunFinalError",
+    "RunNotFinalError",
+    "RunNotFoundError",
+    "RunStoreError",
+    "redis_errors",
+]
 
 
 class RunError(Exception):
@@ -51,6 +61,12 @@ class RunFinalError(RunError):
         super().__init__(f"run {thread_id!r} is already final ({status}); its status cannot change")
         self.thread_id = thread_id
         self.status = status
+
+
+class RunNotFinalError(RunError):
+    def __init__(self, thread_id: str, detail: str) -> None:
+        super().__init__(f"run {thread_id!r} has no next step but is not final ({detail}): not marked done")
+        self.thread_id = thread_id
 
 
 @contextmanager

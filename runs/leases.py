@@ -3,8 +3,9 @@
 A run is one execution of a graph for one thread id (a booking). Its record is a hash
 ``<prefix>:{recovery}:run:<thread_id>`` with the fields
 
-    thread_id, graph, input (JSON), owner, status, attempts, fence, created_at, updated_at, last_error,
-    lease_until (ms, Redis server clock), claimed ("1" once the orphan scanner handed it to the queue)
+    thread_id, graph, version (the graph's fingerprint, ``runs.versions``), input (JSON), owner, status, attempts,
+    fence, created_at, updated_at, last_error, lease_until (ms, Redis server clock), claimed ("1" once the orphan
+    scanner handed it to the queue)
 
 Exactly one process may work on a run at a time: the one holding its lease. A lease is the pair (owner, fence)
 plus an expiry on the *Redis server clock* (``TIME`` inside the scripts), so processes with skewed clocks agree on
@@ -16,7 +17,9 @@ orphan scanner reads expired leases with one range query instead of scanning the
 handed to the recovery queue is scored ``+inf`` there until someone takes its lease again, so it is never handed
 over twice for the same expiry. Parked runs are listed in the ZSET ``<prefix>:{recovery}:runs:waiting`` (thread id
 → when the wait ends, ms) from their park to their decision (or final status), so a sweeper finds ended waits with
-one range query too (``due_waits``). Everything lives under the ``{recovery}`` hash tag: the queue's scripts touch
+one range query too (``due_waits``). A run no process here can resume (its graph version is gone) is
+``awaiting_version``: out of the active index, listed in ``runs:awaiting`` (all of them) and ``runs:awaiting:<version>``
+(what a process that runs that version wakes, ``wake``). Everything lives under the ``{recovery}`` hash tag: the queue's scripts touch
 run records and queue keys together, which Redis Cluster allows only within one slot.
 
 With presence on (``PRESENCE_ENABLED``, ``runs.presence``) a run taken by a registered, live process is *held* by
@@ -74,6 +77,9 @@ class RunStatus(StrEnum):
     PARKED = "parked"
     """Stopped at an ``interrupt()`` waiting for a person (a concierge approval): nobody holds it, no scan recovers
     it; ``RunStore.decide`` records the answer and takes it up again (``RunRecord.waiting`` says what it waits for)."""
+    AWAITING_VERSION = "awaiting_version"
+    """Its graph version is one no process here runs (a deploy changed the shape): nobody holds it, no scan recovers
+    it; a process that runs that version takes it up again (``RunStore.wake``). Never resumed on another graph."""
     DONE = "done"
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
@@ -97,6 +103,16 @@ def active_index_key(*, prefix: str | None = None) -> str:
 def waiting_index_key(*, prefix: str | None = None) -> str:
     """ZSET thread id → ``waiting_until`` (ms) of every parked run: what the approval sweeper reads."""
     return key(RECOVERY_TAG, "runs", "waiting", prefix=prefix)
+
+
+def awaiting_index_key(*, prefix: str | None = None) -> str:
+    """ZSET thread id → when it was set aside (ms) of every ``awaiting_version`` run: what status and verify list."""
+    return key(RECOVERY_TAG, "runs", "awaiting", prefix=prefix)
+
+
+def awaiting_version_key(version: str, *, prefix: str | None = None) -> str:
+    """SET of the ``awaiting_version`` runs of one graph version: what a process that runs it wakes."""
+    return key(RECOVERY_TAG, "runs", "awaiting", version, prefix=prefix)
 
 
 HELD_MS = 2**53 - 1
@@ -148,6 +164,8 @@ class RunRecord:
     """When a ``parked`` run's wait expires (epoch seconds, Redis server clock)."""
     resume: Any = None
     """The answer a decided wait resumes with (``Command(resume=...)``) until the next run of the thread begins."""
+    version: str | None = None
+    """The fingerprint of the graph the run started on (``runs.versions``); ``None`` on records older than that."""
 
     @property
     def is_final(self) -> bool:
@@ -190,7 +208,7 @@ end
 """
 )
 
-# KEYS: run, active, instances | ARGV: thread_id, graph, input, owner, ttl_ms, presence, runs_of_prefix
+# KEYS: run, active, instances | ARGV: thread_id, graph, input, owner, ttl_ms, presence, runs_of_prefix, version
 # → 0 exists, 1 created with a TTL lease, 2 created held by the owner's presence
 _CREATE = RedisScript(
     _LUA_PRELUDE
@@ -201,6 +219,7 @@ local expiry = expiry_for(KEYS[3], ARGV[4], ARGV[6], ARGV[5], now)
 redis.call('HSET', KEYS[1], 'thread_id', ARGV[1], 'graph', ARGV[2], 'input', ARGV[3], 'owner', ARGV[4],
   'status', 'running', 'attempts', 0, 'fence', 1, 'created_at', now, 'updated_at', now, 'last_error', '',
   'lease_until', expiry)
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'version', ARGV[8]) end
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
 take_hold(ARGV[7], ARGV[4], ARGV[1], expiry)
 if expiry == HELD then return 2 end
@@ -215,7 +234,7 @@ _ACQUIRE = RedisScript(
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
 local status, lease_until, previous = unpack(redis.call('HMGET', KEYS[1], 'status', 'lease_until', 'owner'))
-if FINAL[status] or status == 'parked' then return {0, 0} end
+if FINAL[status] or status == 'parked' or status == 'awaiting_version' then return {0, 0} end
 local now = now_ms()
 if (tonumber(lease_until) or 0) > now then return {0, 0} end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
@@ -260,7 +279,7 @@ return 1
 """
 )
 
-# KEYS: run, active, waiting | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms,
+# KEYS: run, active, waiting, awaiting | ARGV: thread_id, status, fence ('' = unfenced), error, has_error ('1'/'0'), retention_ms,
 # runs_of_prefix → 1 written, -1 no run, -2 stale fence, -3 already final (with another status); final status returned
 # as 2nd
 _SET_STATUS = RedisScript(
@@ -281,6 +300,7 @@ if FINAL[ARGV[2]] then
   redis.call('HDEL', KEYS[1], 'claimed')
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
   drop_hold(ARGV[7], owner, ARGV[1])
   local retention = tonumber(ARGV[6])
   if ARGV[2] ~= 'dead_lettered' and retention > 0 then redis.call('PEXPIRE', KEYS[1], retention) end
@@ -302,7 +322,7 @@ return redis.call('HINCRBY', KEYS[1], 'attempts', ARGV[2])
 
 
 # KEYS: run, active, instances, waiting | ARGV: thread_id, graph, input, owner, ttl_ms, presence, runs_of_prefix,
-# client_key ('' = none), turn → {1 started (fence), held} | {0, status} busy | {-1, turn} a repeat of client_key's
+# client_key ('' = none), turn, version → {1 started (fence), held} | {0, status} busy | {-1, turn} a repeat of client_key's
 # turn. A thread's next run (a chat's next turn): starts when there is no run or the last one is final, like ``create``.
 _BEGIN = RedisScript(
     _LUA_PRELUDE
@@ -321,6 +341,7 @@ redis.call('HSET', KEYS[1], 'thread_id', ARGV[1], 'graph', ARGV[2], 'input', ARG
 redis.call('HSETNX', KEYS[1], 'created_at', now)
 redis.call('HDEL', KEYS[1], 'claimed', 'hold_ended', 'waiting', 'waiting_id', 'waiting_until', 'resume')
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'key:' .. ARGV[8], ARGV[9]) end
+if ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'version', ARGV[10]) else redis.call('HDEL', KEYS[1], 'version') end
 redis.call('PERSIST', KEYS[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[2], expiry, ARGV[1])
@@ -394,6 +415,52 @@ return redis.call('ZREM', KEYS[2], ARGV[1])
 """)
 
 
+# KEYS: run, active, awaiting, awaiting:<version> | ARGV: thread_id, owner, fence, runs_of_prefix, version
+# → 1 set aside, 0 not ours. The lease ends and the run leaves the active index: no scan hands it to a process that
+# would resume it on another graph.
+_SET_ASIDE = RedisScript(
+    _LUA_PRELUDE
+    + """
+local owner, fence, status = unpack(redis.call('HMGET', KEYS[1], 'owner', 'fence', 'status'))
+if owner ~= ARGV[2] or fence ~= ARGV[3] or FINAL[status] then return 0 end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'owner', '', 'status', 'awaiting_version', 'version', ARGV[5], 'lease_until', now,
+  'updated_at', now)
+redis.call('HDEL', KEYS[1], 'claimed')
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], 'NX', now, ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[1])
+drop_hold(ARGV[4], owner, ARGV[1])
+return 1
+"""
+)
+
+# KEYS: run, active, instances, awaiting, awaiting:<version> | ARGV: thread_id, owner, ttl_ms, presence,
+# runs_of_prefix, version → {fence, held} taken up | {0, 0} not awaiting this version (its entry is dropped)
+_WAKE = RedisScript(
+    _LUA_PRELUDE
+    + """
+local status, version = unpack(redis.call('HMGET', KEYS[1], 'status', 'version'))
+if status ~= 'awaiting_version' or version ~= ARGV[6] then
+  redis.call('SREM', KEYS[5], ARGV[1])
+  if status ~= 'awaiting_version' then redis.call('ZREM', KEYS[4], ARGV[1]) end
+  return {0, 0}
+end
+local now = now_ms()
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+local expiry = expiry_for(KEYS[3], ARGV[2], ARGV[4], ARGV[3], now)
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'status', 'running', 'lease_until', expiry, 'updated_at', now)
+redis.call('HDEL', KEYS[1], 'claimed', 'hold_ended')
+redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('SREM', KEYS[5], ARGV[1])
+take_hold(ARGV[5], ARGV[2], ARGV[1], expiry)
+if expiry == HELD then return {fence, 1} end
+return {fence, 0}
+"""
+)
+
+
 @dataclass(frozen=True)
 class Begun:
     """What ``RunStore.begin`` did: started a run (``lease``), found the thread busy (``busy``: its status), or found
@@ -452,6 +519,7 @@ class RunStore:
         self.sleep = sleep
         self.index_key = active_index_key(prefix=self._prefix)
         self.waiting_key = waiting_index_key(prefix=self._prefix)
+        self.awaiting_key = awaiting_index_key(prefix=self._prefix)
         self.instances_key = instances_key(prefix=self._prefix)
         # instance_runs_key(owner) is this + owner + ":runs", built by the scripts from the owner they read
         self._runs_of_prefix = instance_runs_key("", prefix=self._prefix).removesuffix(":runs")
@@ -464,14 +532,26 @@ class RunStore:
     def run_key(self, thread_id: str) -> str:
         return run_key(thread_id, prefix=self._prefix)
 
-    async def create(self, thread_id: str, graph: str, input: Mapping[str, Any], owner: str) -> RunLease | None:
-        """Record a new run and take its lease (fence 1) in one step; ``None`` if the thread id already exists."""
+    async def create(
+        self, thread_id: str, graph: str, input: Mapping[str, Any], owner: str, *, version: str | None = None
+    ) -> RunLease | None:
+        """Record a new run of ``version`` of ``graph`` and take its lease (fence 1) in one step; ``None`` if the
+        thread id already exists."""
         payload = json.dumps(dict(input), separators=(",", ":"))
         with self.in_use.expecting(owner, thread_id), redis_errors(f"creating run {thread_id!r}"):
             created = await _CREATE(
                 self._redis,
                 keys=[self.run_key(thread_id), self.index_key, self.instances_key],
-                args=[thread_id, graph, payload, owner, self._ttl_ms, self._presence_arg, self._runs_of_prefix],
+                args=[
+                    thread_id,
+                    graph,
+                    payload,
+                    owner,
+                    self._ttl_ms,
+                    self._presence_arg,
+                    self._runs_of_prefix,
+                    version or "",
+                ],
                 durable=True,  # a run a failover forgot would never finish: on a replica before the 202
             )
             return self._track(RunLease(self, thread_id, owner, 1, held=created == 2)) if created else None
@@ -485,6 +565,7 @@ class RunStore:
         *,
         turn: str,
         client_key: str | None = None,
+        version: str | None = None,
     ) -> Begun:
         """Start the thread's next run (a chat's next turn) and take its lease, unless one is not final yet.
 
@@ -506,6 +587,7 @@ class RunStore:
                     self._runs_of_prefix,
                     client_key or "",
                     turn,
+                    version or "",
                 ],
                 durable=True,  # accepted before the 202: a failover must not forget it
             )
@@ -602,7 +684,49 @@ class RunStore:
             waiting=json.loads(raw["waiting"]) if raw.get("waiting") else None,
             waiting_until=_seconds(raw["waiting_until"]) if raw.get("waiting_until") else None,
             resume=json.loads(raw["resume"]) if raw.get("resume") else None,
+            version=raw.get("version") or None,
         )
+
+    async def wake(self, thread_id: str, version: str, owner: str) -> RunLease | None:
+        """Take up an ``awaiting_version`` run of ``version`` (a process that runs it asks); ``None`` when it waits for
+        no such version any more (taken up by another process, or never set aside). Fenced like ``acquire``."""
+        with self.in_use.expecting(owner, thread_id), redis_errors(f"waking run {thread_id!r}"):
+            fence, held = await _WAKE(
+                self._redis,
+                keys=[
+                    self.run_key(thread_id),
+                    self.index_key,
+                    self.instances_key,
+                    self.awaiting_key,
+                    awaiting_version_key(version, prefix=self._prefix),
+                ],
+                args=[thread_id, owner, self._ttl_ms, self._presence_arg, self._runs_of_prefix, version],
+            )
+            return self._track(RunLease(self, thread_id, owner, int(fence), held=held == 1)) if int(fence) > 0 else None
+
+    async def awaiting(self, version: str | None = None, limit: int = 100) -> list[str]:
+        """The runs waiting for ``version`` (all of them when ``None``, longest waiting first)."""
+        with redis_errors("listing runs awaiting a graph version"):
+            if version is None:
+                members: Any = await self._redis.zrange(self.awaiting_key, 0, limit - 1)
+            else:
+                members = await self._redis.srandmember(awaiting_version_key(version, prefix=self._prefix), limit)
+        return [text(member) for member in members or []]
+
+    async def _set_aside_lease(self, lease: RunLease, version: str) -> bool:
+        with redis_errors(f"setting run {lease.thread_id!r} aside"):
+            done = await _SET_ASIDE(
+                self._redis,
+                keys=[
+                    self.run_key(lease.thread_id),
+                    self.index_key,
+                    self.awaiting_key,
+                    awaiting_version_key(version, prefix=self._prefix),
+                ],
+                args=[lease.thread_id, lease.owner, str(lease.fence), self._runs_of_prefix, version],
+                durable=True,
+            )
+        return bool(done == 1)
 
     async def acquire(self, thread_id: str, owner: str) -> RunLease | None:
         """Take the lease if it is free or expired and the run is not final; the new fence is the old one + 1.
@@ -640,7 +764,7 @@ class RunStore:
         with redis_errors(f"setting status of run {thread_id!r}"):
             code, detail = await _SET_STATUS(
                 self._redis,
-                keys=[self.run_key(thread_id), self.index_key, self.waiting_key],
+                keys=[self.run_key(thread_id), self.index_key, self.waiting_key, self.awaiting_key],
                 args=[
                     thread_id,
                     status.value,
@@ -815,6 +939,18 @@ class RunLease:
         self._mark_lost("parked")
         if not parked:
             raise LeaseLostError(self.thread_id, self.fence, "taken over before it could park")
+
+    async def set_aside(self, version: str) -> None:
+        """Stop here: the run's graph ``version`` is one this process does not run (``RunStatus.AWAITING_VERSION``).
+        The lease ends; a process that runs it takes it up (``RunStore.wake``). ``LeaseLostError`` if not ours."""
+        try:
+            done = await self.store._set_aside_lease(self, version)
+        except BaseException:
+            self.abandon()
+            raise
+        self._mark_lost("set aside for its graph version")
+        if not done:
+            raise LeaseLostError(self.thread_id, self.fence, "taken over before it could be set aside")
 
     async def set_status(self, status: RunStatus | str, *, error: str | None = None) -> None:
         """Fenced ``RunStore.set_status``."""

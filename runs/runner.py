@@ -19,6 +19,11 @@
   owner from the last checkpoint; its side effects are deduplicated there (idempotent nodes, provider keys), and an
   idempotent node frees its claim when cancelled, so the resume does not wait for it.
 
+Every resume (``input`` not a fresh dict) first compares the run's recorded graph version with ``graph``'s
+(``runs.versions``): a run of another shape is set aside (``awaiting_version``) for a process that runs its version,
+never resumed here. A graph that runs out of steps while ``is_final`` says no is an error (``RunNotFinalError``),
+never ``done``. docs/upgrades.md.
+
 ``input=None`` resumes from the last checkpoint (``ainvoke(None)`` semantics); a dict starts the graph; a
 ``Command(resume=...)`` answers the ``interrupt()`` the run stopped at.
 
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from enum import StrEnum
@@ -51,8 +56,9 @@ from resilience.budget import detached_budget, remaining_budget
 from resilience.bulkhead import wait_for_slots
 from resilience.errors import BudgetExhaustedError, OutageWaitError
 from resilience.outages import outage_pause, pause_fits, wait_out_outages
-from runs.errors import LeaseLostError
+from runs.errors import LeaseLostError, RunNotFinalError
 from runs.leases import RunLease, RunStatus
+from runs.versions import graph_fingerprint, legacy_version, version_label
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +84,8 @@ class RunOutcome(StrEnum):
     """The attempt raised; the lease is released so the run can be retried."""
     PARKED = "parked"
     """Stopped at an ``interrupt()``, waiting for a person; ``values`` holds the interrupt's payload."""
+    WAITING = "waiting_for_version"
+    """Not resumed: the run started on another version of the graph; set aside for a process that runs it."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,16 @@ class RunResult:
     error: BaseException | None = None
 
 
-def run_config(thread_id: str) -> RunnableConfig:
-    return {"configurable": {"thread_id": thread_id}}
+def run_config(thread_id: str, version: str | None = None) -> RunnableConfig:
+    """The thread's config; ``version`` (the graph's fingerprint) goes into every checkpoint's metadata."""
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    if version:
+        config["metadata"] = {"graph_version": version}
+    return config
+
+
+Finished = Callable[[Mapping[str, Any]], bool]
+"""Whether a run's final values are final for what it runs for (the booking's status, the turn's outcome)."""
 
 
 RunInput = dict[str, Any] | Command[Any] | None
@@ -104,6 +120,7 @@ async def execute_run(
     hand_off: HandOff | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     promised_until: float | None = None,
+    is_final: Finished | None = None,
 ) -> RunResult:
     """Run (or resume) ``lease.thread_id`` to the end, to a handoff, or to a failure. Never raises but CancelledError.
 
@@ -123,7 +140,37 @@ async def execute_run(
             hand_off=hand_off,
             sleep=sleep,
             promised_until=promised_until,
+            is_final=is_final,
         )
+
+
+async def set_aside_unless_ours(graph: CompiledStateGraph[Any, Any, Any, Any], lease: RunLease) -> RunResult | None:
+    """``WAITING`` (the run set aside) when the run's recorded version is not ``graph``'s; ``None`` when it is.
+
+    A record older than versions counts as its graph's first recorded version (``runs.versions.legacy_version``).
+    """
+    record = await lease.store.get(lease.thread_id)
+    if record is None:
+        return None
+    recorded = record.version or legacy_version(record.graph)
+    ours = graph_fingerprint(graph)
+    if recorded is None or recorded == ours:
+        return None
+    await set_aside(lease, record.graph, recorded, ours)
+    return RunResult(RunOutcome.WAITING, {"version": version_label(record.graph, recorded)})
+
+
+async def set_aside(lease: RunLease, graph_name: str, version: str, runs: str | None) -> None:
+    """Set the run aside for ``version`` and say so in its journal and the log (``runs``: what this code runs)."""
+    label = version_label(graph_name, version)
+    running = version_label(graph_name, runs) if runs else "no version of it"
+    await lease.set_aside(version)
+    logger.warning(
+        "run %s: started on graph version %s, this process runs %s: it waits", lease.thread_id, label, running
+    )
+    with journal_scope(lease.thread_id, fence=lease.fence):
+        note(JournalKind.WAITING_FOR_VERSION, version=label, fingerprint=version, runs=running, graph=graph_name)
+    await journal_flush()
 
 
 async def _execute(
@@ -136,21 +183,26 @@ async def _execute(
     hand_off: HandOff | None,
     sleep: Callable[[float], Awaitable[None]],
     promised_until: float | None,
+    is_final: Finished | None,
 ) -> RunResult:
-    config = run_config(lease.thread_id)
+    config = run_config(lease.thread_id, graph_fingerprint(graph))
     run_input = input
     pauses = 0
     outage_pauses = 0
     patient = True  # False once an outage outlasted the budget: the step takes it as its answer
     try:
         # an accepted run is a promise: a full bulkhead on its way delays it within its budget, never fails it
+        if not isinstance(input, dict):  # a resume: only on the graph the run started on
+            waiting = await set_aside_unless_ours(graph, lease)
+            if waiting is not None:
+                return waiting
         with detached_budget(budget_s), wait_for_slots():
             while True:
                 try:
                     if run_input is None:
                         run_input = await _resume_input(graph, lease, config)
                     with wait_out_outages(patient, until=promised_until):
-                        return await _stream_to_the_end(graph, lease, run_input, config, stop, hand_off)
+                        return await _stream_to_the_end(graph, lease, run_input, config, stop, hand_off, is_final)
                 except LeaseLostError:
                     raise
                 except OutageWaitError as exc:
@@ -230,6 +282,7 @@ async def _stream_to_the_end(
     config: RunnableConfig,
     stop: asyncio.Event | None,
     hand_off: HandOff | None,
+    is_final: Finished | None,
 ) -> RunResult:
     async with lease.keep_alive():
         # No status write here: creating or acquiring a lease already marks the run ``running``.
@@ -245,6 +298,11 @@ async def _stream_to_the_end(
                 payload, waiting_id=str(payload.get("waiting_id") or waiting.id), until=float(payload["until"])
             )
             return RunResult(RunOutcome.PARKED, payload)
+        if is_final is not None and not is_final(values):
+            # LangGraph ends at once, without an error, on a checkpoint whose next node the graph does not have
+            raise RunNotFinalError(
+                lease.thread_id, f"status {values.get('status')!r}, outcome {values.get('outcome')!r}"
+            )
         await lease.finish(RunStatus.DONE)
         return RunResult(RunOutcome.DONE, values)
 

@@ -129,6 +129,7 @@ _COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "fault": ("stack.ops", "register_fault"),
     "dlq": ("stack.dlq", "register_dlq"),
     "recovery": ("stack.dlq", "register_recovery"),
+    "runs": ("stack.runs", "register_runs"),
     "verify": ("stack.verify", "register_verify"),
     "chaos": ("stack.chaos", "register_chaos"),
     "demo": ("stack.demo", "register_demo"),

@@ -101,6 +101,8 @@ def describe(entry: Mapping[str, Any]) -> str:
             return f"{get('instance')} resumed at {get('at_step')} (fence {get('fence')})"
         case JournalKind.HANDED_OFF:
             return f"{get('owner')} handed the run off ({get('reason')})"
+        case JournalKind.WAITING_FOR_VERSION:
+            return f"waiting for graph version {get('version')} (this code runs {get('runs')})"
         case JournalKind.COMPENSATION:
             undo = [what for what in ("release_hold", "refund") if get(what)]
             return f"compensating ({get('reason')}): {', '.join(undo) or 'nothing to undo'}"

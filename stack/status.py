@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,8 @@ class StackReport:
     circuits: Mapping[str, Probe] = field(default_factory=dict)
     bulkheads: Mapping[str, Probe] = field(default_factory=dict)
     queue: Mapping[str, Probe] = field(default_factory=dict)
+    waiting: Sequence[str] = ()
+    """A line per graph version runs wait for (``stack.runs.waiting_lines``)."""
 
     def to_json(self) -> dict[str, Any]:
         state = self.state.to_json()
@@ -63,6 +65,7 @@ class StackReport:
             "bulkheads": dict(self.bulkheads),
             "queue": dict(self.queue),
             "bookings_in_flight": self.in_flight,
+            "waiting_for_versions": list(self.waiting),
         }
 
 
@@ -95,6 +98,7 @@ async def collect_report(paths: StackPaths) -> StackReport:
         state=state,
         in_flight=answer.get("in_flight"),
         in_flight_error=answer.get("in_flight_error"),
+        waiting=list(answer.get("waiting") or []),
         circuits={i.name: c for i, c in zip(running, circuits, strict=True)},
         bulkheads={i.name: b for i, b in zip(running, bulkheads, strict=True)},
         queue={i.name: q for i, q in zip(workers, queue, strict=True)},
@@ -163,6 +167,7 @@ def render_report(report: StackReport, *, now: float | None = None) -> str:
         sections.append(f"bookings         in flight unknown ({report.in_flight_error})")
     else:
         sections.append(f"bookings         in flight {report.in_flight}")
+    sections += [f"waiting          {line}" for line in report.waiting]
     return "\n".join(sections)
 
 

@@ -668,12 +668,13 @@ class Supervisor:
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "phase": self._phase}
         if op == "status":
-            in_flight, in_flight_error = await self._in_flight()
+            in_flight, in_flight_error, waiting = await self._in_flight()
             return {
                 "ok": True,
                 "state": self.snapshot().to_json(),
                 "in_flight": in_flight,
                 "in_flight_error": in_flight_error,
+                "waiting": waiting,
             }
         if op == "down":
             self._stop_requested.set()
@@ -716,11 +717,16 @@ class Supervisor:
             for c, r in zip(children, results, strict=True)
         ]
 
-    async def _in_flight(self) -> tuple[int | None, str | None]:
+    async def _in_flight(self) -> tuple[int | None, str | None, list[str]]:
+        """Bookings in flight, or why unknown; and a line per graph version runs wait for (``stack.runs``)."""
+        from stack.runs import awaiting_runs, version_summary, waiting_lines  # only once someone asks
+
         if self._redis_client is None:
             self._redis_client = create_redis(self.config.redis.url, socket_connect_timeout=IN_FLIGHT_TIMEOUT_S)
         try:
             async with asyncio.timeout(IN_FLIGHT_TIMEOUT_S):
-                return await BookingStore(self._redis_client).in_flight(), None
+                in_flight = await BookingStore(self._redis_client).in_flight()
+                waiting = waiting_lines(version_summary(await awaiting_runs(self._redis_client)))
+                return in_flight, None, waiting
         except Exception as exc:
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, f"{type(exc).__name__}: {exc}", []

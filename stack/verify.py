@@ -2,7 +2,8 @@
 
 The promise is: a confirmed booking has one confirmed reservation and one captured charge; a failed (or cancelled)
 one holds no room and keeps no money; and no money is held for a booking that does not exist. Bookings still in
-flight are counted, not judged. Redis and the providers are the running stack's (``stack.target``) unless
+flight are counted, not judged, unless no run will finish them (stranded: their run ended or was dead-lettered);
+runs waiting for a graph version no process runs are named (docs/upgrades.md). Redis and the providers are the running stack's (``stack.target``) unless
 ``REDIS_URL``, ``--hotel-api``/``--payment-api`` and ``CONCIERGE_ADMIN_TOKEN`` name others.
 
     concierge verify [--json] [--hotel-api URL] [--payment-api URL]
@@ -23,8 +24,10 @@ from redis.asyncio import Redis
 from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus
 from infra.bookings import BookingStore
 from infra.redis import text
+from runs.leases import RunStatus, RunStore
 from stack.console import Subparsers
 from stack.dlq import EXIT_FAILURE, EXIT_OK, CommandError, redis_command
+from stack.runs import awaiting_runs, version_summary, waiting_lines
 from stack.target import admin_token, provider_url
 
 __all__ = ["Disagreement", "check_ledgers", "disagreements", "ledger_charges", "register_verify"]
@@ -133,14 +136,36 @@ async def ledger_charges(payment_api: str | None = None) -> list[dict[str, Any]]
         return await _ledger(http, "payment-api", payment_api, "charges")
 
 
+async def stranded(redis: Redis, bookings: Mapping[str, str]) -> list[Disagreement]:
+    """Bookings not final that no run will finish: their run ended (``done`` with the booking half-way is what a
+    graph of another shape did before versions), is missing, or waits in the DLQ for an operator."""
+    store = RunStore(redis)
+    found = []
+    for booking_id, status in sorted(bookings.items()):
+        if status in FINAL_BOOKING_STATUSES:
+            continue
+        run = await store.get(booking_id)
+        if run is None:
+            found.append(Disagreement(booking_id, status, "stranded: not final, and no run record"))
+        elif run.status is RunStatus.DEAD_LETTERED:
+            found.append(Disagreement(booking_id, status, "stranded: its run is in the DLQ (concierge dlq requeue)"))
+        elif run.is_final:
+            found.append(Disagreement(booking_id, status, f"stranded: not final, yet its run ended {run.status}"))
+    return found
+
+
 async def _verify(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:
     bookings, found = await check_ledgers(redis, args.hotel_api, args.payment_api)
+    found += await stranded(redis, bookings)
+    waiting = waiting_lines(version_summary(await awaiting_runs(redis)))
     counts = Counter(status if status in FINAL_BOOKING_STATUSES else "in flight" for status in bookings.values())
     if args.json:
-        out.write(json.dumps({"bookings": dict(counts), "disagreements": [asdict(d) for d in found]}, indent=2) + "\n")
+        result = {"bookings": dict(counts), "disagreements": [asdict(d) for d in found], "waiting": waiting}
+        out.write(json.dumps(result, indent=2) + "\n")
     else:
         for item in found:
             out.write(f"{item.reference}  {item.status:<10}  {item.problem}\n")
+        out.writelines(line + "\n" for line in waiting)
         summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no bookings"
         out.write(f"{len(bookings)} bookings ({summary}); {len(found)} disagreement(s) with the ledgers\n")
     return EXIT_FAILURE if found else EXIT_OK

@@ -7,11 +7,20 @@ Laid out as LangGraph's agent template: ``state``, ``context`` (deps), ``prompts
 
 from graph.concierge.booking import booking_key_for
 from graph.concierge.context import ConciergeDeps, Model, open_concierge_deps
-from graph.concierge.graph import CONCIERGE_GRAPH, OUT_OF_STEPS, build_concierge_graph, give_up_update, starts_over
+from graph.concierge.graph import (
+    CONCIERGE_BUILDERS,
+    CONCIERGE_GRAPH,
+    OUT_OF_STEPS,
+    build_concierge_graph,
+    give_up_update,
+    starts_over,
+    turn_is_final,
+)
 from graph.concierge.state import ConciergeState, turn_input
 from graph.concierge.tools import TOOLS, offer_for
 
 __all__ = [
+    "CONCIERGE_BUILDERS",
     "CONCIERGE_GRAPH",
     "OUT_OF_STEPS",
     "TOOLS",
@@ -25,4 +34,5 @@ __all__ = [
     "open_concierge_deps",
     "starts_over",
     "turn_input",
+    "turn_is_final",
 ]

@@ -47,7 +47,15 @@ from infra.llm import Budget, ModelError, Usage
 from infra.people import QuotaExceededError
 from infra.settings import get_settings
 
-__all__ = ["CONCIERGE_GRAPH", "OUT_OF_STEPS", "build_concierge_graph", "give_up_update", "starts_over"]
+__all__ = [
+    "CONCIERGE_BUILDERS",
+    "CONCIERGE_GRAPH",
+    "OUT_OF_STEPS",
+    "build_concierge_graph",
+    "give_up_update",
+    "starts_over",
+    "turn_is_final",
+]
 
 CONCIERGE_GRAPH: Final = "concierge"
 """``RunRecord.graph`` of chat turns."""
@@ -334,6 +342,15 @@ def starts_over(record: Any, snapshot: Any) -> bool:
     """The recovery consumer's question: is the chat's checkpoint an earlier turn's (this one never got a step)?"""
     values = snapshot.values or {}
     return values.get("turn_id") != (record.input or {}).get("turn_id")
+
+
+CONCIERGE_BUILDERS: Final = (build_concierge_graph,)
+"""Every version of the concierge graph this code runs, current first (docs/upgrades.md)."""
+
+
+def turn_is_final(values: Mapping[str, Any]) -> bool:
+    """A turn is over once ``finish`` gave it an outcome (each turn's input resets it)."""
+    return values.get("outcome") is not None
 
 
 def give_up_update(state: Mapping[str, Any], last_error: str) -> dict[str, Any]:
