@@ -1,0 +1,285 @@
+"""Deploying a change of the booking graph while bookings are parked mid-charge, on a real stack: the new code is a
+copy of this checkout with the change made (PYTHONPATH), booking-agent and the recovery worker restarted on it.
+
+Each run finishes on the graph it started on: on the new code a run of the old shape waits (``awaiting_version``,
+its journal says so, ``concierge runs`` and ``verify`` name it), nothing compensated, nothing marked done; back on
+the old code (a rollback), or on new code that keeps the old builder, it finishes exactly once: one charge, one
+reservation, ``concierge verify`` clean. docs/upgrades.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.redis import create_sync_redis
+from runs.leases import run_key
+from runs.versions import legacy_version
+from tests.e2e.test_chaos import CHAOS_ENV, RECOVERY_TIMEOUT_S, assert_confirmed_exactly_once, wait_for_status
+from tests.procs import REPO_ROOT, concierge_command
+from tests.stack import CORE, Stack, fresh_database, stay
+
+pytestmark = pytest.mark.e2e
+
+AGENTS = ("booking-agent", "recovery-worker")
+PACKAGES = ("stack", "agents", "providers", "recovery", "runs", "graph", "infra", "domain", "resilience")
+READY_TIMEOUT_S = 120.0
+CHARGE_IN_FLIGHT_S = 1.5
+"""After ``paying`` shows, how long until the charge surely waits at payment-api (3 s latency)."""
+BOOKING_V1 = legacy_version("booking")
+
+# The change, appended to the copy's graph/booking.py: a new ``build_booking_graph`` (what booking-agent and the
+# recovery worker build), written as a developer would change the builder, and ``BOOKING_BUILDERS`` with or
+# without the old one kept.
+CHANGE = """
+
+_kept_builder = build_booking_graph
+_RENAMED: dict[str, str] = {renamed}
+_ADDED: list[str] = {added}
+_STATE: Any = BookingState
+if {key!r}:
+    _old, _new = {key!r}.split("->")
+    _STATE = TypedDict(  # type: ignore[misc]
+        "_STATE", {{(_new if k == _old else k): v for k, v in BookingState.__annotations__.items()}}, total=False
+    )
+
+
+async def _look_again(state: BookingState, config: RunnableConfig, *, deps: BookingDeps) -> dict[str, Any]:
+    return {{}}
+
+
+def build_booking_graph(deps: BookingDeps, checkpointer: Any = None) -> Any:
+    builder = StateGraph(_STATE)
+    for name, step, key_fields in [*STEPS, *((added, _look_again, None) for added in _ADDED)]:
+        node: Any = functools.partial(step, deps=deps)
+        named = _RENAMED.get(name, name)
+        if key_fields is not None:
+            node = idempotent_node(lambda: deps.redis, named, key_fields=key_fields)(node)
+        if name in ASKS_FOR_CANCEL:
+            node = _then_ask_for_cancel(node, deps)
+        builder.add_node(named, traced_node(named)(node))
+    builder.add_edge(START, "search")
+    chain = [_RENAMED.get(n, n) for n in ["search", "reserve", *_ADDED, "charge", "confirm", "finish"]]
+    for current, following in itertools.pairwise(chain):
+        builder.add_conditional_edges(current, _next_or_compensate(following), [following, "compensate"])
+    builder.add_edge("compensate", "release_hold")
+    builder.add_edge("compensate", "refund")
+    builder.add_edge(["release_hold", "refund"], "finish")
+    builder.add_edge("finish", END)
+    return builder.compile(checkpointer=checkpointer, name=BOOKING_GRAPH)
+
+
+BOOKING_BUILDERS = (build_booking_graph, _kept_builder) if {keep} else (build_booking_graph,)
+"""
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def deploy_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, database: str) -> Iterator[Stack]:
+    tmp: Path = tmp_path_factory.mktemp("deploy")
+    with Stack(tmp, redis_url, database_url=database, env=CHAOS_ENV) as stack:
+        stack.start((*CORE, "recovery-worker"))
+        yield stack
+
+
+@pytest.fixture
+def stack(deploy_stack: Stack) -> Iterator[Stack]:
+    """The shared stack on this checkout's code, every service up and no fault, before and after each test."""
+    yield deploy_stack
+    deploy_stack.fault("payment-api")
+    restart(deploy_stack, None)
+
+
+Copy = Callable[..., Path]
+
+
+@pytest.fixture
+def new_code(tmp_path: Path) -> Copy:
+    """A copy of this checkout's packages with a change of the booking graph: the code of the next deploy."""
+
+    def copy(
+        *, renamed: dict[str, str] | None = None, added: list[str] | None = None, key: str = "", keep: bool = False
+    ) -> Path:
+        root = tmp_path / "next-deploy"
+        for package in PACKAGES:
+            shutil.copytree(REPO_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+        module = root / "graph" / "booking.py"
+        change = CHANGE.format(renamed=renamed or {}, added=added or [], key=key, keep=keep)
+        module.write_text(module.read_text() + change)
+        return root
+
+    return copy
+
+
+def fingerprint_of(code: Path | None) -> str:
+    """The booking graph's version as that code builds it."""
+    program = "from graph.booking import BOOKING_BUILDERS as B; from runs.versions import graph_fingerprint as f; "
+    program += "print(f(B[0](None)))"
+    env = {**os.environ, "PYTHONPATH": str(code)} if code else dict(os.environ)
+    cwd = code or REPO_ROOT  # ``-c`` puts the working directory first on the path
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def restart(stack: Stack, code: Path | None, *, stop: str = "sigterm") -> None:
+    """Stop the recovery worker, then booking-agent (``kill -9`` or SIGTERM), and start both on ``code``
+    (``None``: this checkout)."""
+    for service in ("recovery-worker", "booking-agent"):
+        proc = stack.services[service]
+        if proc.alive:
+            if stop == "kill" and service == "booking-agent":
+                proc.kill()
+            else:
+                proc.terminate()
+    env = {"PYTHONPATH": str(code)} if code else {}
+    for service in ("booking-agent", "recovery-worker"):
+        stack.serve(service, wait=False, env=env).wait_ready(timeout=READY_TIMEOUT_S)
+
+
+def park_mid_charge(stack: Stack, days_ahead: int) -> str:
+    """A booking whose charge is on its way (payment-api slowed), as a deploy would find it."""
+    stack.fault("payment-api", latency_s=3.0)
+    checkin, checkout = stay(days_ahead=days_ahead)
+    booking_id = str(stack.book(checkin=checkin, checkout=checkout)["booking_id"])
+    wait_for_status(stack, booking_id, {"paying"})
+    time.sleep(CHARGE_IN_FLIGHT_S)
+    return booking_id
+
+
+def run_record(stack: Stack, booking_id: str) -> dict[str, str]:
+    client = create_sync_redis(stack.env["REDIS_URL"])
+    try:
+        return dict(client.hgetall(run_key(booking_id, prefix=stack.prefix)))
+    finally:
+        client.close()
+
+
+def wait_run(stack: Stack, booking_id: str, status: str) -> dict[str, str]:
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while (record := run_record(stack, booking_id)).get("status") != status:
+        assert time.monotonic() < deadline, f"run never {status}: {record}"
+        assert record.get("status") != "done", f"marked done on the new code: {record}"
+        time.sleep(0.05)
+    return record
+
+
+def events(stack: Stack, booking_id: str) -> list[dict[str, Any]]:
+    response = stack.http.get(f"{stack.url('booking-agent')}/bookings/{booking_id}/events")
+    assert response.status_code == 200, response.text
+    return list(response.json()["events"])
+
+
+def ledgers_of(stack: Stack, booking_id: str) -> tuple[Counter[str], Counter[str]]:
+    rooms = Counter(r["status"] for r in stack.ledger("hotel-api")["reservations"] if r["reference"] == booking_id)
+    money = Counter(c["status"] for c in stack.ledger("payment-api")["charges"] if c["reference"] == booking_id)
+    return rooms, money
+
+
+def concierge(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*concierge_command(), *args], env={**os.environ, **stack.env}, capture_output=True, text=True, timeout=90
+    )
+
+
+def verify(stack: Stack) -> subprocess.CompletedProcess[str]:
+    urls = ("--hotel-api", stack.url("hotel-api"), "--payment-api", stack.url("payment-api"))
+    return concierge(stack, "verify", *urls)
+
+
+def assert_waits_untouched(stack: Stack, booking_id: str) -> None:
+    """On code that lacks its version: waiting, visibly, with nothing undone and nothing marked done."""
+    record = wait_run(stack, booking_id, "awaiting_version")
+    assert record["version"] == BOOKING_V1 and not record.get("owner"), record
+    assert stack.booking(booking_id)["status"] == "paying", "not finished, failed or compensated by other code"
+    rooms, money = ledgers_of(stack, booking_id)
+    assert rooms == Counter({"held": 1}) and money["refunded"] == 0, (rooms, money)
+    waiting = [e for e in events(stack, booking_id) if e["kind"] == "waiting_for_version"]
+    assert waiting and waiting[-1]["version"] == "booking@1" and waiting[-1]["fingerprint"] == BOOKING_V1, waiting
+    by_version = concierge(stack, "runs", "--by-version", "--json")
+    assert by_version.returncode == 0, by_version.stderr
+    rows = {row["version"]: row for row in json.loads(by_version.stdout)}
+    assert booking_id in rows["booking@1"]["waiting"], rows
+    checked = verify(stack)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "wait for graph version booking@1" in checked.stdout, checked.stdout
+
+
+def assert_new_code_books_on_its_own_shape(stack: Stack, fingerprint: str, days_ahead: int) -> None:
+    checkin, checkout = stay(days_ahead=days_ahead)
+    booking_id = str(stack.book(checkin=checkin, checkout=checkout)["booking_id"])
+    assert_confirmed_exactly_once(stack, booking_id)
+    assert run_record(stack, booking_id)["version"] == fingerprint
+
+
+def assert_finished_once(stack: Stack, booking_id: str) -> None:
+    assert_confirmed_exactly_once(stack, booking_id)
+    record = run_record(stack, booking_id)
+    assert record["status"] == "done" and record["version"] == BOOKING_V1, record
+    assert Counter(e["kind"] for e in events(stack, booking_id))["confirmed"] == 1
+    checked = verify(stack)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "wait for graph version" not in checked.stdout, checked.stdout
+
+
+def test_a_renamed_step_deployed_after_kill_9_waits_and_a_rollback_finishes_it_once(
+    stack: Stack, new_code: Copy
+) -> None:
+    code = new_code(renamed={"charge": "capture"})
+    new_version = fingerprint_of(code)
+    assert new_version != BOOKING_V1 == fingerprint_of(None), "the rename is a new version"
+    booking_id = park_mid_charge(stack, days_ahead=301)
+
+    restart(stack, code, stop="kill")
+    stack.fault("payment-api")
+
+    assert_waits_untouched(stack, booking_id)
+    assert_new_code_books_on_its_own_shape(stack, new_version, days_ahead=302)
+    restart(stack, None)  # the rollback
+    assert_finished_once(stack, booking_id)
+
+
+def test_an_added_step_deployed_after_a_sigterm_handoff_waits_and_a_rollback_finishes_it_once(
+    stack: Stack, new_code: Copy
+) -> None:
+    code = new_code(added=["verify"])
+    assert fingerprint_of(code) != BOOKING_V1
+    booking_id = park_mid_charge(stack, days_ahead=303)
+
+    restart(stack, code, stop="sigterm")
+    stack.fault("payment-api")
+
+    assert_waits_untouched(stack, booking_id)
+    restart(stack, None)
+    assert_finished_once(stack, booking_id)
+
+
+def test_a_renamed_state_key_deployed_with_the_old_builder_kept_finishes_it_once_without_waiting(
+    stack: Stack, new_code: Copy
+) -> None:
+    code = new_code(key="hotel_name->hotel_label", keep=True)
+    assert fingerprint_of(code) != BOOKING_V1
+    booking_id = park_mid_charge(stack, days_ahead=304)
+
+    restart(stack, code, stop="kill")
+    stack.fault("payment-api")
+
+    assert_finished_once(stack, booking_id)  # on the new code: its worker runs the kept builder
+    assert "waiting_for_version" not in {e["kind"] for e in events(stack, booking_id)}
