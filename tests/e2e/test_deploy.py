@@ -1,5 +1,6 @@
-"""Deploying a change of the booking graph while bookings are parked mid-charge, on a real stack: the new code is a
-copy of this checkout with the change made (PYTHONPATH), booking-agent and the recovery worker restarted on it.
+"""Deploying a change of the booking graph while bookings are parked mid-charge, and of the concierge's while a turn
+waits for its approval, on a real stack: the new code is a copy of this checkout with the change made (PYTHONPATH),
+the agents and the recovery worker restarted on it.
 
 Each run finishes on the graph it started on: on the new code a run of the old shape waits (``awaiting_version``,
 its journal says so, ``concierge runs`` and ``verify`` name it), nothing compensated, nothing marked done; back on
@@ -31,12 +32,13 @@ from tests.stack import CORE, Stack, fresh_database, stay
 
 pytestmark = pytest.mark.e2e
 
-AGENTS = ("booking-agent", "recovery-worker")
+SERVICES = (*CORE, "llm-api", "recovery-worker", "concierge-agent")
 PACKAGES = ("stack", "agents", "providers", "recovery", "runs", "graph", "infra", "domain", "resilience")
 READY_TIMEOUT_S = 120.0
 CHARGE_IN_FLIGHT_S = 1.5
 """After ``paying`` shows, how long until the charge surely waits at payment-api (3 s latency)."""
 BOOKING_V1 = legacy_version("booking")
+CONCIERGE_V1 = legacy_version("concierge")
 
 # The change, appended to the copy's graph/booking.py: a new ``build_booking_graph`` (what booking-agent and the
 # recovery worker build), written as a developer would change the builder, and ``BOOKING_BUILDERS`` with or
@@ -82,6 +84,32 @@ def build_booking_graph(deps: BookingDeps, checkpointer: Any = None) -> Any:
 BOOKING_BUILDERS = (build_booking_graph, _kept_builder) if {keep} else (build_booking_graph,)
 """
 
+# The concierge's change, appended to the copy's graph/concierge/graph.py: its ``book`` step renamed.
+CONCIERGE_CHANGE = """
+
+def build_concierge_graph(deps: ConciergeDeps, checkpointer: Any = None) -> Any:
+    def bound(step: Any) -> Any:
+        return functools.partial(step, deps=deps)
+
+    builder = StateGraph(ConciergeState)
+    builder.add_node("call_model", traced_node("call_model")(bound(call_model)))
+    builder.add_node("tools", traced_node("tools")(bound(tools)))
+    builder.add_node("approval", approval)
+    once_per_approval = idempotent_node(lambda: deps.redis, "book", key_fields=["chat_id", "pending"])
+    builder.add_node("book_once", traced_node("book_once")(once_per_approval(bound(book))))
+    builder.add_node("finish", traced_node("finish")(bound(finish)))
+    builder.add_edge(START, "call_model")
+    builder.add_conditional_edges("call_model", _after_model, ["tools", "finish"])
+    builder.add_conditional_edges("tools", _after_tools, ["approval", "call_model"])
+    builder.add_edge("approval", "book_once")
+    builder.add_edge("book_once", "tools")
+    builder.add_edge("finish", END)
+    return builder.compile(checkpointer=checkpointer, name=CONCIERGE_GRAPH)
+
+
+CONCIERGE_BUILDERS = (build_concierge_graph,)
+"""
+
 
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
@@ -93,7 +121,8 @@ def database() -> Iterator[str]:
 def deploy_stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, database: str) -> Iterator[Stack]:
     tmp: Path = tmp_path_factory.mktemp("deploy")
     with Stack(tmp, redis_url, database_url=database, env=CHAOS_ENV) as stack:
-        stack.start((*CORE, "recovery-worker"))
+        for proc in [stack.serve(service, wait=False) for service in SERVICES]:
+            proc.wait_ready(READY_TIMEOUT_S)
         yield stack
 
 
@@ -102,7 +131,7 @@ def stack(deploy_stack: Stack) -> Iterator[Stack]:
     """The shared stack on this checkout's code, every service up and no fault, before and after each test."""
     yield deploy_stack
     deploy_stack.fault("payment-api")
-    restart(deploy_stack, None)
+    restart(deploy_stack, None, services=("booking-agent", "recovery-worker", "concierge-agent"))
 
 
 Copy = Callable[..., Path]
@@ -113,11 +142,20 @@ def new_code(tmp_path: Path) -> Copy:
     """A copy of this checkout's packages with a change of the booking graph: the code of the next deploy."""
 
     def copy(
-        *, renamed: dict[str, str] | None = None, added: list[str] | None = None, key: str = "", keep: bool = False
+        *,
+        renamed: dict[str, str] | None = None,
+        added: list[str] | None = None,
+        key: str = "",
+        keep: bool = False,
+        concierge: bool = False,
     ) -> Path:
         root = tmp_path / "next-deploy"
         for package in PACKAGES:
             shutil.copytree(REPO_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+        if concierge:
+            module = root / "graph" / "concierge" / "graph.py"
+            module.write_text(module.read_text() + CONCIERGE_CHANGE)
+            return root
         module = root / "graph" / "booking.py"
         change = CHANGE.format(renamed=renamed or {}, added=added or [], key=key, keep=keep)
         module.write_text(module.read_text() + change)
@@ -126,10 +164,13 @@ def new_code(tmp_path: Path) -> Copy:
     return copy
 
 
-def fingerprint_of(code: Path | None) -> str:
-    """The booking graph's version as that code builds it."""
-    program = "from graph.booking import BOOKING_BUILDERS as B; from runs.versions import graph_fingerprint as f; "
-    program += "print(f(B[0](None)))"
+def fingerprint_of(code: Path | None, graph: str = "booking") -> str:
+    """The graph's version as that code builds it (``graph``: booking or concierge)."""
+    builders = {
+        "booking": "graph.booking import BOOKING_BUILDERS",
+        "concierge": "graph.concierge import CONCIERGE_BUILDERS",
+    }
+    program = f"from {builders[graph]} as B; from runs.versions import graph_fingerprint as f; print(f(B[0](None)))"
     env = {**os.environ, "PYTHONPATH": str(code)} if code else dict(os.environ)
     cwd = code or REPO_ROOT  # ``-c`` puts the working directory first on the path
     done = subprocess.run(
@@ -139,23 +180,32 @@ def fingerprint_of(code: Path | None) -> str:
     return done.stdout.strip()
 
 
-def restart(stack: Stack, code: Path | None, *, stop: str = "sigterm") -> None:
-    """Stop the recovery worker, then booking-agent (``kill -9`` or SIGTERM), and start both on ``code``
+def restart(
+    stack: Stack,
+    code: Path | None,
+    *,
+    stop: str = "sigterm",
+    services: tuple[str, ...] = ("booking-agent", "recovery-worker"),
+) -> None:
+    """Stop the recovery worker first, then the agents (``kill -9`` or SIGTERM), and start them on ``code``
     (``None``: this checkout)."""
-    for service in ("recovery-worker", "booking-agent"):
+    for service in sorted(services, key=lambda name: name != "recovery-worker"):
         proc = stack.services[service]
         if proc.alive:
-            if stop == "kill" and service == "booking-agent":
+            if stop == "kill" and service != "recovery-worker":
                 proc.kill()
             else:
                 proc.terminate()
     env = {"PYTHONPATH": str(code)} if code else {}
-    for service in ("booking-agent", "recovery-worker"):
-        stack.serve(service, wait=False, env=env).wait_ready(timeout=READY_TIMEOUT_S)
+    started = [stack.serve(service, wait=False, env=env) for service in services]
+    for proc in started:
+        proc.wait_ready(timeout=READY_TIMEOUT_S)
 
 
 def park_mid_charge(stack: Stack, days_ahead: int) -> str:
-    """A booking whose charge is on its way (payment-api slowed), as a deploy would find it."""
+    """A booking whose charge is on its way (payment-api slowed), as a deploy would find it. The deploy's first step,
+    stopping the recovery worker, is taken before: booking-agent is stopped while the charge still waits."""
+    stack.services["recovery-worker"].terminate()
     stack.fault("payment-api", latency_s=3.0)
     checkin, checkout = stay(days_ahead=days_ahead)
     booking_id = str(stack.book(checkin=checkin, checkout=checkout)["booking_id"])
@@ -283,3 +333,63 @@ def test_a_renamed_state_key_deployed_with_the_old_builder_kept_finishes_it_once
 
     assert_finished_once(stack, booking_id)  # on the new code: its worker runs the kept builder
     assert "waiting_for_version" not in {e["kind"] for e in events(stack, booking_id)}
+
+
+# ------------------------------------------------------------------------------------------------ a chat turn
+
+
+def chat_url(stack: Stack, path: str) -> str:
+    return f"{stack.url('concierge-agent')}{path}"
+
+
+def chat_view(stack: Stack, chat_id: str, wait: float = 0) -> dict[str, Any]:
+    response = stack.http.get(chat_url(stack, f"/chats/{chat_id}"), params={"wait": wait}, timeout=wait + 30)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def test_a_turn_parked_at_its_approval_deployed_with_another_graph_waits_and_books_once_after_a_rollback(
+    stack: Stack, new_code: Copy
+) -> None:
+    code = new_code(concierge=True)
+    assert fingerprint_of(code, "concierge") != CONCIERGE_V1 == fingerprint_of(None, "concierge")
+    created = stack.http.post(chat_url(stack, "/chats"))
+    assert created.status_code == 201, created.text
+    chat_id = created.json()["chat_id"]
+    checkin, checkout = stay(days_ahead=305)
+    text = f"Book the cheapest hotel in Lisbon checkin {checkin} checkout {checkout} for two"
+    said = stack.http.post(
+        chat_url(stack, f"/chats/{chat_id}/messages"), json={"text": text, "payment_token": "tok_visa"}
+    )
+    assert said.status_code == 202, said.text
+    view = chat_view(stack, chat_id, wait=60)
+    assert view["status"] == "awaiting_approval", view
+    pending = view["pending_approval"]
+    charges_before = len(stack.ledger("payment-api")["charges"])
+
+    restart(stack, code, services=("recovery-worker", "concierge-agent"))
+    decided = stack.http.post(
+        chat_url(stack, f"/chats/{chat_id}/approvals/{pending['approval_id']}"), json={"approve": True}
+    )
+    assert decided.status_code == 202, decided.text  # the decision is kept; the turn waits for its graph
+
+    record = wait_run(stack, chat_id, "awaiting_version")
+    assert record["version"] == CONCIERGE_V1, record
+    assert chat_view(stack, chat_id)["bookings"] == [], "nothing booked on the other graph"
+    assert len(stack.ledger("payment-api")["charges"]) == charges_before, "nothing charged"
+    checked = verify(stack)
+    assert checked.returncode == 0 and "wait for graph version concierge@1" in checked.stdout, checked.stdout
+
+    restart(stack, None, services=("recovery-worker", "concierge-agent"))  # the rollback
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while (view := chat_view(stack, chat_id, wait=5))["status"] != "idle":
+        assert time.monotonic() < deadline, view
+    assert len(view["bookings"]) == 1, view
+    booking = stack.wait(view["bookings"][0], timeout=RECOVERY_TIMEOUT_S)
+    assert booking["status"] == "confirmed" and booking["hotel_id"] == pending["hotel_id"], booking
+    charges = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == booking["booking_id"]]
+    assert [c["status"] for c in charges] == ["captured"], charges
+    record = run_record(stack, chat_id)
+    assert record["status"] == "done" and record["version"] == CONCIERGE_V1, record
+    checked = verify(stack)
+    assert checked.returncode == 0 and "wait for graph version" not in checked.stdout, checked.stdout

@@ -26,6 +26,7 @@ from runs import RunStatus, RunStore
 from runs.errors import RunNotFinalError
 from runs.runner import RunOutcome, execute_run, run_config
 from runs.versions import graph_fingerprint
+from stack.runs import awaiting_runs, open_runs, version_summary, waiting_lines
 
 GRAPH = "saga"
 WAIT_S = 20.0
@@ -246,3 +247,17 @@ async def test_before_the_point_of_no_return_giving_up_still_compensates(world: 
 
     assert await world.process_next(world.consumer(world.old, committed=committed)) is RecoveryOutcome.COMPENSATED
     assert world.old.runs["compensate"] == 1
+
+
+async def test_status_verify_and_runs_read_the_waiting_runs_from_the_store(world: World) -> None:
+    await world.died_in_b("order-6")
+    assert await world.process_next(world.consumer(world.new)) is RecoveryOutcome.WAITING
+
+    rows = version_summary(await awaiting_runs(world.redis))
+    assert [(row.graph, row.waiting, dict(row.statuses)) for row in rows] == [
+        (GRAPH, ("order-6",), {"awaiting_version": 1})
+    ]
+    lines = waiting_lines(rows)
+    assert len(lines) == 1 and "1 run(s) wait for graph version saga@" in lines[0] and "order-6" in lines[0]
+    everything = version_summary(await open_runs(world.redis))
+    assert [row.waiting for row in everything] == [("order-6",)], "the open runs include the waiting ones"

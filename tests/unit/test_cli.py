@@ -508,6 +508,13 @@ def test_status_shows_restarts_open_breakers_queue_and_bookings() -> None:
     assert "in flight 5" in text
 
 
+def test_status_names_the_runs_that_wait_for_a_graph_version() -> None:
+    line = "2 run(s) wait for graph version booking@1, which no running process runs: a, b (docs/upgrades.md)"
+    report = StackReport(state=_state(supervisor_pid=4242, pid=777), in_flight=2, waiting=[line])
+    assert f"waiting          {line}" in render_report(report).splitlines()
+    assert report.to_json()["waiting_for_versions"] == [line]
+
+
 def test_fronts_are_kept_in_the_state_and_shown_by_status(tmp_path: Path) -> None:
     paths = StackPaths.at(tmp_path)
     state = dataclasses.replace(
