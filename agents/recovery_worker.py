@@ -31,6 +31,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,8 +44,22 @@ from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.booking import ErrorCode
-from graph.booking import BOOKING_BUILDERS, BOOKING_GRAPH, booking_deadline, booking_is_final, open_booking_deps
-from graph.concierge import CONCIERGE_BUILDERS, CONCIERGE_GRAPH, open_concierge_deps, starts_over, turn_is_final
+from graph.booking import (
+    BOOKING_BUILDERS,
+    BOOKING_GRAPH,
+    BOOKING_MIGRATIONS,
+    booking_deadline,
+    booking_is_final,
+    open_booking_deps,
+)
+from graph.concierge import (
+    CONCIERGE_BUILDERS,
+    CONCIERGE_GRAPH,
+    CONCIERGE_MIGRATIONS,
+    open_concierge_deps,
+    starts_over,
+    turn_is_final,
+)
 from graph.concierge import give_up_update as concierge_give_up
 from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
@@ -294,10 +309,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         open_concierge_deps(redis) as concierge_deps,
     ):
         app.state.checkpointer = saver
-        # every version this code runs, current first: a run resumes only on the one it started on
+        # every version this code runs, current first (which takes runs of the shapes it migrates from)
+        booking = [booking_recovery(build(deps, saver), deps.bookings) for build in BOOKING_BUILDERS]
+        concierge = [concierge_recovery(build(concierge_deps, saver)) for build in CONCIERGE_BUILDERS]
         graphs = {
-            BOOKING_GRAPH: [booking_recovery(build(deps, saver), deps.bookings) for build in BOOKING_BUILDERS],
-            CONCIERGE_GRAPH: [concierge_recovery(build(concierge_deps, saver)) for build in CONCIERGE_BUILDERS],
+            BOOKING_GRAPH: [replace(booking[0], migrations=BOOKING_MIGRATIONS), *booking[1:]],
+            CONCIERGE_GRAPH: [replace(concierge[0], migrations=CONCIERGE_MIGRATIONS), *concierge[1:]],
         }
         worker = RecoveryWorker.for_graphs(redis, graphs, consumer_id=instance)
         app.state.recovery = worker

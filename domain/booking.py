@@ -254,6 +254,9 @@ class JournalKind(StrEnum):
     WAITING_FOR_VERSION = "waiting_for_version"
     """Its graph version is one the process that took it does not run: it waits (``version``: the label,
     ``fingerprint``), never resumed on another graph, until a process that runs it takes it up (``resumed``)."""
+    MIGRATED = "migrated"
+    """Its checkpoint was migrated from the version it started on (``from``) to one this process runs (``to``), as
+    the graph declares (``graph.migrations``); it resumes on that one."""
     COMPENSATION = "compensation"
     CANCEL_REQUESTED = "cancel_requested"
     CONFIRMED = "confirmed"

@@ -1,7 +1,8 @@
 """LangGraph layer: the node decorators (tracing, idempotency, fencing) and one graph builder per agent.
 
 The builders live in their modules (``graph.booking``, ``graph.search``, ``graph.payment``); this namespace
-exports the decorators and their errors, which every graph and the run executor use.
+exports the decorators and their errors, which every graph and the run executor use, and the migrations a graph
+declares for runs of its earlier shapes (``graph.migrations``).
 """
 
 from graph.errors import (
@@ -9,6 +10,7 @@ from graph.errors import (
     GraphError,
     IdempotencyError,
     IdempotencyStoreError,
+    MigrationError,
     MissingThreadIdError,
     NodeResultError,
 )
@@ -20,6 +22,7 @@ from graph.idempotency import (
     idempotency_key,
     idempotent_node,
 )
+from graph.migrations import Migration, apply_migration
 from graph.tracing import traced_node, use_tracer_provider
 
 __all__ = [
@@ -27,9 +30,12 @@ __all__ = [
     "GraphError",
     "IdempotencyError",
     "IdempotencyStoreError",
+    "Migration",
+    "MigrationError",
     "MissingThreadIdError",
     "NodeResultError",
     "RedisProvider",
+    "apply_migration",
     "derive_idempotency_key",
     "fence_scope",
     "fields_digest",

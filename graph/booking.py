@@ -74,6 +74,7 @@ from domain.booking import (
     validate_stay,
 )
 from graph.idempotency import idempotency_key, idempotent_node
+from graph.migrations import Migration
 from graph.outages import raise_if_waited_out
 from graph.tracing import traced_node
 from infra.a2a.client import A2AClient
@@ -477,6 +478,10 @@ def build_booking_graph(
 BOOKING_BUILDERS: Final = (build_booking_graph,)
 """Every version of the booking graph this code runs, current first: an earlier shape's builder stays here while runs
 of it may be in flight (docs/upgrades.md)."""
+
+BOOKING_MIGRATIONS: Final[tuple[Migration, ...]] = ()
+"""How runs of an earlier shape move onto the current builder instead (``graph.migrations``), each tested against a
+checkpoint recorded from that shape (tests/data/checkpoints; docs/upgrades.md)."""
 
 
 def booking_is_final(values: Mapping[str, Any]) -> bool:

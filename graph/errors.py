@@ -5,6 +5,7 @@
     Exception
      └── GraphError                         base of everything raised by ``graph``
           ├── MissingThreadIdError          a node that must know its run got no ``thread_id`` (also ``ValueError``)
+          ├── MigrationError                a declared migration leaves a checkpoint the new graph cannot resume
           └── IdempotencyError              an idempotent node could not guarantee "at most one result"
                ├── IdempotencyStoreError    Redis failed while claiming / completing (the library error is the cause)
                ├── ClaimLostError           our claim lapsed while the body ran and another live owner holds it now
@@ -29,6 +30,18 @@ class MissingThreadIdError(GraphError, ValueError):
             "belongs to; invoke the graph with a thread id"
         )
         self.node = node
+
+
+class MigrationError(GraphError):
+    """A checkpoint migrated as declared still names what the new graph lacks (a node, a state key): the migration
+    is incomplete, and the checkpoint is left as it was."""
+
+    def __init__(self, thread_id: str, unknown: list[str]) -> None:
+        super().__init__(
+            f"the migrated checkpoint of run {thread_id!r} names what the new graph lacks: {', '.join(unknown)}"
+        )
+        self.thread_id = thread_id
+        self.unknown = unknown
 
 
 class IdempotencyError(GraphError):

@@ -50,9 +50,11 @@ the error so the compensation sees, say, the hold it must cancel.
 **Graph versions.** ``graphs`` names, per graph, every version this worker runs (the current builder and the earlier
 ones kept while runs of them may be in flight). A run is resumed, and given up on, only by the version it started
 on; a run of another is set aside, and the take loop wakes the runs waiting for a version it runs (a rollback, an
-old replica), each exactly once (``RunStore.wake`` is fenced). A graph with no next step whose run is not final
-(``RecoverableGraph.is_final``) is never marked done; past the point of no return (``committed``) giving up sends the
-run to the DLQ as it stands, never into compensation. docs/upgrades.md.
+old replica), each exactly once (``RunStore.wake`` is fenced). The current version takes over the runs of the
+versions it declares migrations from (``RecoverableGraph.migrations``): their checkpoint is migrated first (an
+incomplete migration dead-letters the run untouched, ``migration_failed``). A graph with no next step whose run is
+not final (``RecoverableGraph.is_final``) is never marked done; past the point of no return (``committed``) giving
+up sends the run to the DLQ as it stands, never into compensation. docs/upgrades.md.
 
 **Shutdown** (``stop``): no new takes; a run in a graph step has that step cancelled and is handed back
 (lease released, run re-enqueued at once, so another worker does not wait for the TTL); a run waiting out a backoff
@@ -62,6 +64,7 @@ is handed back the same way; whatever is still busy after the grace period is ca
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -74,6 +77,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from domain.booking import JournalKind
+from graph import Migration, MigrationError, apply_migration
 from infra.error_table import is_outage
 from infra.journal import writer
 from infra.metrics import observe_recovery
@@ -91,6 +95,7 @@ from runs.versions import graph_fingerprint, legacy_version, version_label
 __all__ = [
     "BULKHEAD_NAME",
     "DLQ_REASON_MAX_ATTEMPTS",
+    "DLQ_REASON_MIGRATION_FAILED",
     "DLQ_REASON_UNKNOWN_GRAPH",
     "ConsumerConfig",
     "RecoverableGraph",
@@ -104,6 +109,7 @@ logger = logging.getLogger(__name__)
 BULKHEAD_NAME = "recovery_worker"
 DLQ_REASON_MAX_ATTEMPTS = "max_attempts"
 DLQ_REASON_UNKNOWN_GRAPH = "unknown_graph"
+DLQ_REASON_MIGRATION_FAILED = "migration_failed"
 _MAX_ERROR_CHARS = 500
 
 Sleep = Callable[[float], Awaitable[object]]
@@ -150,6 +156,8 @@ class RecoverableGraph:
     are not is stranded (``RunNotFinalError``), never ``done``."""
     committed: Callable[[RunRecord], Awaitable[bool]] | None = None
     """Whether the run passed its point of no return: giving up then dead-letters it as it stands, uncompensated."""
+    migrations: Sequence[Migration] = ()
+    """The earlier versions whose runs this one takes over, their checkpoints migrated first (``graph.migrations``)."""
 
     @property
     def version(self) -> str:
@@ -269,6 +277,16 @@ class RecoveryConsumer:
         """Graph name → fingerprint → what resumes runs of that version (insertion order: current first)."""
         self.graphs = {name: next(iter(versions.values())) for name, versions in self.versions.items()}
         """Graph name → its current version."""
+        self.migrations: dict[str, dict[str, tuple[Migration, RecoverableGraph]]] = {
+            name: {
+                migration.from_version: (migration, target)
+                for target in versions.values()
+                for migration in target.migrations
+                if migration.from_version not in versions
+            }
+            for name, versions in self.versions.items()
+        }
+        """Graph name → a version this worker does not run → the migration that takes its runs to one it does."""
         self._next_wake = 0.0
         self.consumer_id = consumer_id
         self.bulkhead = bulkhead or bulkhead_registry.get(BULKHEAD_NAME)
@@ -328,13 +346,16 @@ class RecoveryConsumer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _wake_next(self) -> tuple[RecoverableGraph, RunRecord, RunLease] | None:
+    async def _wake_next(self) -> tuple[RecoverableGraph, RunRecord, RunLease, Migration | None] | None:
         """A run waiting for a graph version this worker runs, taken up (every ``wake_interval``, then until none)."""
         if self._clock() < self._next_wake:
             return None
         try:
             for name, versions in self.versions.items():
-                for version, target in versions.items():
+                runnable: list[tuple[str, RecoverableGraph, Migration | None]]
+                runnable = [(version, target, None) for version, target in versions.items()]
+                runnable += [(version, target, found) for version, (found, target) in self.migrations[name].items()]
+                for version, target, migration in runnable:
                     for thread_id in await self.runs.awaiting(version, limit=10):
                         lease = await self.runs.wake(thread_id, version, self.consumer_id)
                         if lease is None:
@@ -343,15 +364,17 @@ class RecoveryConsumer:
                         if record is None:
                             continue
                         logger.info("run %s: woken for graph version %s", thread_id, version_label(name, version))
-                        return target, record, lease
+                        return target, record, lease, migration
         except RunError as exc:
             logger.warning("could not look for runs waiting for a graph version (%s)", exc)
         self._next_wake = self._clock() + self.config.wake_interval
         return None
 
-    async def _recover_woken(self, target: RecoverableGraph, record: RunRecord, lease: RunLease) -> RecoveryOutcome:
+    async def _recover_woken(
+        self, target: RecoverableGraph, record: RunRecord, lease: RunLease, migration: Migration | None
+    ) -> RecoveryOutcome:
         try:
-            return await self._recover(target, record, lease)
+            return await self._recover(target, record, lease, migration)
         except LeaseLostError as exc:
             logger.warning("run %s: %s; leaving it to the new owner", record.thread_id, exc)
             return RecoveryOutcome.LOST
@@ -421,12 +444,16 @@ class RecoveryConsumer:
                 await self.queue.ack(delivery, AckOutcome.SKIPPED)
                 logger.info("run %s: leased by a live owner (or just finished); leaving it to them", thread_id)
                 return RecoveryOutcome.SKIPPED
+            migrating = None
             if target is None:
                 assert recorded is not None
-                current = self.graphs.get(record.graph)
-                await set_aside(lease, record.graph, recorded, None if current is None else current.version)
-                await self.queue.ack(delivery, AckOutcome.SKIPPED)
-                return RecoveryOutcome.WAITING
+                migrating = self.migrations.get(record.graph, {}).get(recorded)
+                if migrating is None:
+                    current = self.graphs.get(record.graph)
+                    await set_aside(lease, record.graph, recorded, None if current is None else current.version)
+                    await self.queue.ack(delivery, AckOutcome.SKIPPED)
+                    return RecoveryOutcome.WAITING
+                target = migrating[1]
         except RunError as exc:
             # the delivery stays in flight and comes back after its visibility timeout
             logger.warning("run %s: could not start its recovery (%s); it will be redelivered", thread_id, exc)
@@ -439,7 +466,7 @@ class RecoveryConsumer:
             await asyncio.shield(self._hand_back_quietly(lease))
             raise
         try:
-            return await self._recover(target, record, lease)
+            return await self._recover(target, record, lease, None if migrating is None else migrating[0])
         except LeaseLostError as exc:
             logger.warning("run %s: %s; leaving it to the new owner", thread_id, exc)
             return RecoveryOutcome.LOST
@@ -447,15 +474,50 @@ class RecoveryConsumer:
             logger.warning("run %s: recovery interrupted (%s); handed back", thread_id, exc)
             return RecoveryOutcome.FAILED
 
-    async def _recover(self, target: RecoverableGraph, record: RunRecord, lease: RunLease) -> RecoveryOutcome:
+    async def _recover(
+        self, target: RecoverableGraph, record: RunRecord, lease: RunLease, migration: Migration | None = None
+    ) -> RecoveryOutcome:
         holder = [lease]
         try:
+            if migration is not None:
+                migrated = await self._migrate(target, record, lease, migration)
+                if migrated is None:
+                    return RecoveryOutcome.DEAD_LETTERED
+                record = migrated
             return await self._attempts(target, record, holder)
         except BaseException:
             # Redis failed, or a forced shutdown cancelled us between two graph runs: hand the run on (if the lease
             # is still ours) rather than let it sit until the lease expires
             await asyncio.shield(self._hand_back_quietly(holder[0]))
             raise
+
+    async def _migrate(
+        self, target: RecoverableGraph, record: RunRecord, lease: RunLease, migration: Migration
+    ) -> RunRecord | None:
+        """The run's checkpoint migrated to ``target``'s version, then its record: the new record, or ``None`` when
+        the migration itself fails (the run waits in the DLQ as it stands, for an operator)."""
+        thread_id, to_version = record.thread_id, target.version
+        was, now = version_label(record.graph, migration.from_version), version_label(record.graph, to_version)
+        try:
+            async with lease.keep_alive():
+                await lease.ensure_owned()
+                await apply_migration(target.graph, thread_id, migration, to_version)
+        except Exception as exc:
+            if is_outage(exc):
+                raise  # the checkpoint store is down: handed back, migrated when it is up
+            error = f"migrating from graph version {was} to {now} failed: {_describe(exc)}"
+            # an incomplete migration is said in one line; anything else is a bug worth its traceback
+            logger.error(
+                "run %s: %s; dead-lettered as it stands", thread_id, error, exc_info=not isinstance(exc, MigrationError)
+            )
+            await self.queue.dlq.send_to_dlq(thread_id, DLQ_REASON_MIGRATION_FAILED, error, 0)
+            await lease.finish(RunStatus.DEAD_LETTERED, error=error)
+            return None
+        # the checkpoint first: a worker that dies in between finds it migrated already and records the version
+        await lease.set_version(to_version)
+        logger.info("run %s: migrated from graph version %s to %s", thread_id, was, now)
+        _journal(thread_id, JournalKind.MIGRATED, **{"from": was, "to": now, "fence": lease.fence})
+        return dataclasses.replace(record, version=to_version)
 
     async def _attempts(self, target: RecoverableGraph, record: RunRecord, holder: list[RunLease]) -> RecoveryOutcome:
         """The retry loop; ``holder[0]`` is the lease currently held (a failed attempt releases it, we take it back)."""

@@ -461,6 +461,18 @@ return {fence, 0}
 )
 
 
+# KEYS: run | ARGV: owner, fence, version → 1 written, 0 not ours (a migrated run takes its new version)
+_SET_VERSION = RedisScript(
+    _LUA_PRELUDE
+    + """
+local owner, fence, status = unpack(redis.call('HMGET', KEYS[1], 'owner', 'fence', 'status'))
+if owner ~= ARGV[1] or fence ~= ARGV[2] or FINAL[status] then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[3], 'updated_at', now_ms())
+return 1
+"""
+)
+
+
 @dataclass(frozen=True)
 class Begun:
     """What ``RunStore.begin`` did: started a run (``lease``), found the thread busy (``busy``: its status), or found
@@ -728,6 +740,13 @@ class RunStore:
             )
         return bool(done == 1)
 
+    async def _set_version_lease(self, lease: RunLease, version: str) -> bool:
+        with redis_errors(f"recording the version of run {lease.thread_id!r}"):
+            done = await _SET_VERSION(
+                self._redis, keys=[self.run_key(lease.thread_id)], args=[lease.owner, str(lease.fence), version]
+            )
+        return bool(done == 1)
+
     async def acquire(self, thread_id: str, owner: str) -> RunLease | None:
         """Take the lease if it is free or expired and the run is not final; the new fence is the old one + 1.
 
@@ -951,6 +970,12 @@ class RunLease:
         self._mark_lost("set aside for its graph version")
         if not done:
             raise LeaseLostError(self.thread_id, self.fence, "taken over before it could be set aside")
+
+    async def set_version(self, version: str) -> None:
+        """Record the graph version the run goes on with (after a migration). ``LeaseLostError`` if not ours."""
+        if not await self.store._set_version_lease(self, version):
+            self._mark_lost("taken over before its version could be recorded")
+            raise LeaseLostError(self.thread_id, self.fence, "taken over before its version could be recorded")
 
     async def set_status(self, status: RunStatus | str, *, error: str | None = None) -> None:
         """Fenced ``RunStore.set_status``."""

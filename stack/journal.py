@@ -101,6 +101,8 @@ def describe(entry: Mapping[str, Any]) -> str:
             return f"{get('instance')} resumed at {get('at_step')} (fence {get('fence')})"
         case JournalKind.HANDED_OFF:
             return f"{get('owner')} handed the run off ({get('reason')})"
+        case JournalKind.MIGRATED:
+            return f"migrated from graph version {get('from')} to {get('to')}"
         case JournalKind.WAITING_FOR_VERSION:
             return f"waiting for graph version {get('version')} (this code runs {get('runs')})"
         case JournalKind.COMPENSATION:

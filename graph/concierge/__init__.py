@@ -10,6 +10,7 @@ from graph.concierge.context import ConciergeDeps, Model, open_concierge_deps
 from graph.concierge.graph import (
     CONCIERGE_BUILDERS,
     CONCIERGE_GRAPH,
+    CONCIERGE_MIGRATIONS,
     OUT_OF_STEPS,
     build_concierge_graph,
     give_up_update,
@@ -22,6 +23,7 @@ from graph.concierge.tools import TOOLS, offer_for
 __all__ = [
     "CONCIERGE_BUILDERS",
     "CONCIERGE_GRAPH",
+    "CONCIERGE_MIGRATIONS",
     "OUT_OF_STEPS",
     "TOOLS",
     "ConciergeDeps",

@@ -40,6 +40,7 @@ from graph.concierge.state import Approval, ConciergeState, Done, Pending, failu
 from graph.concierge.tools import Tool, ToolContext, answer_error, offer_for, repeat_answer, tool_named
 from graph.concierge.views import tool_error
 from graph.idempotency import idempotent_node
+from graph.migrations import Migration
 from graph.tracing import traced_node
 from infra.auth import acting_for
 from infra.error_table import answer_for
@@ -50,6 +51,7 @@ from infra.settings import get_settings
 __all__ = [
     "CONCIERGE_BUILDERS",
     "CONCIERGE_GRAPH",
+    "CONCIERGE_MIGRATIONS",
     "OUT_OF_STEPS",
     "build_concierge_graph",
     "give_up_update",
@@ -346,6 +348,9 @@ def starts_over(record: Any, snapshot: Any) -> bool:
 
 CONCIERGE_BUILDERS: Final = (build_concierge_graph,)
 """Every version of the concierge graph this code runs, current first (docs/upgrades.md)."""
+
+CONCIERGE_MIGRATIONS: Final[tuple[Migration, ...]] = ()
+"""How turns of an earlier shape move onto the current builder instead (``graph.migrations``; docs/upgrades.md)."""
 
 
 def turn_is_final(values: Mapping[str, Any]) -> bool:

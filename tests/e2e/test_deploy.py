@@ -41,8 +41,8 @@ BOOKING_V1 = legacy_version("booking")
 CONCIERGE_V1 = legacy_version("concierge")
 
 # The change, appended to the copy's graph/booking.py: a new ``build_booking_graph`` (what booking-agent and the
-# recovery worker build), written as a developer would change the builder, and ``BOOKING_BUILDERS`` with or
-# without the old one kept.
+# recovery worker build), written as a developer would change the builder, ``BOOKING_BUILDERS`` with or without the
+# old one kept, and ``BOOKING_MIGRATIONS`` with or without a migration from the version ``migrate`` names.
 CHANGE = """
 
 _kept_builder = build_booking_graph
@@ -65,8 +65,8 @@ def build_booking_graph(deps: BookingDeps, checkpointer: Any = None) -> Any:
     for name, step, key_fields in [*STEPS, *((added, _look_again, None) for added in _ADDED)]:
         node: Any = functools.partial(step, deps=deps)
         named = _RENAMED.get(name, name)
-        if key_fields is not None:
-            node = idempotent_node(lambda: deps.redis, named, key_fields=key_fields)(node)
+        if key_fields is not None:  # a renamed step keeps its idempotency record's name (docs/upgrades.md)
+            node = idempotent_node(lambda: deps.redis, name, key_fields=key_fields)(node)
         if name in ASKS_FOR_CANCEL:
             node = _then_ask_for_cancel(node, deps)
         builder.add_node(named, traced_node(named)(node))
@@ -82,6 +82,7 @@ def build_booking_graph(deps: BookingDeps, checkpointer: Any = None) -> Any:
 
 
 BOOKING_BUILDERS = (build_booking_graph, _kept_builder) if {keep} else (build_booking_graph,)
+BOOKING_MIGRATIONS = (Migration({migrate!r}, nodes=_RENAMED),) if {migrate!r} else ()
 """
 
 # The concierge's change, appended to the copy's graph/concierge/graph.py: its ``book`` step renamed.
@@ -147,6 +148,7 @@ def new_code(tmp_path: Path) -> Copy:
         added: list[str] | None = None,
         key: str = "",
         keep: bool = False,
+        migrate: str = "",
         concierge: bool = False,
     ) -> Path:
         root = tmp_path / "next-deploy"
@@ -157,7 +159,7 @@ def new_code(tmp_path: Path) -> Copy:
             module.write_text(module.read_text() + CONCIERGE_CHANGE)
             return root
         module = root / "graph" / "booking.py"
-        change = CHANGE.format(renamed=renamed or {}, added=added or [], key=key, keep=keep)
+        change = CHANGE.format(renamed=renamed or {}, added=added or [], key=key, keep=keep, migrate=migrate)
         module.write_text(module.read_text() + change)
         return root
 
@@ -319,6 +321,29 @@ def test_an_added_step_deployed_after_a_sigterm_handoff_waits_and_a_rollback_fin
     assert_waits_untouched(stack, booking_id)
     restart(stack, None)
     assert_finished_once(stack, booking_id)
+
+
+def test_a_renamed_step_deployed_with_its_migration_is_migrated_and_finished_once_on_the_new_code(
+    stack: Stack, new_code: Copy
+) -> None:
+    code = new_code(renamed={"charge": "capture"}, migrate=BOOKING_V1)
+    new_version = fingerprint_of(code)
+    assert new_version != BOOKING_V1
+    booking_id = park_mid_charge(stack, days_ahead=306)
+
+    restart(stack, code, stop="kill")
+    stack.fault("payment-api")
+
+    assert_confirmed_exactly_once(stack, booking_id)  # the charge that was on its way, answered once
+    record = wait_run(stack, booking_id, "done")
+    assert record["version"] == new_version, "finished on the shape it was migrated to"
+    kinds = Counter(e["kind"] for e in events(stack, booking_id))
+    assert kinds["migrated"] == 1 and kinds["confirmed"] == 1 and kinds["waiting_for_version"] == 0, kinds
+    moved = next(e for e in events(stack, booking_id) if e["kind"] == "migrated")
+    assert moved["from"] == "booking@1" and moved["to"] == f"booking@{new_version}", moved
+    checked = verify(stack)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "wait for graph version" not in checked.stdout, checked.stdout
 
 
 def test_a_renamed_state_key_deployed_with_the_old_builder_kept_finishes_it_once_without_waiting(

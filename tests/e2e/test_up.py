@@ -329,7 +329,7 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     assert first.returncode == 0, first.stdout + first.stderr
     assert first.stdout.strip().splitlines()[-1].startswith("confirmed:")
     assert re.search(r"\bpending\b", first.stdout) and re.search(r"\bconfirmed\b", first.stdout)
-    # the booking is the person's who made it (`me`): the README's curl line shows it, nobody else's list does
+    # the booking is the person's who made it (`me`): docs/bookings.md's curl lines show it, nobody else's list does
     agent = urls["booking-agent"]
     made = re.search(r"^booking (\w+):", first.stdout, re.MULTILINE)
     assert made, first.stdout

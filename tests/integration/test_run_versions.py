@@ -4,28 +4,38 @@ does; a graph out of steps is never ``done`` while its run is not final; nothing
 return.
 
 The saga is ``a → b → c → finish`` (any error → ``compensate → finish``); "a deploy" is the same saga with ``b``
-renamed ``b2`` (a new shape), both over one checkpointer, as the old and new code of a rolling upgrade would be.
+renamed ``b2`` (a new shape), both over one checkpointer, as the old and new code of a rolling upgrade would be;
+the migrations rename a state key and add one too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, TypedDict
 
 import pytest
 from langgraph.graph import END, START, StateGraph
 
+from graph import Migration
 from infra.checkpointer import open_checkpointer
+from infra.journal import JournalWriter, install_writer, read_journal
 from recovery import DeadLetterQueue, QueueGuard, RecoveryQueue
-from recovery.consumer import ConsumerConfig, RecoverableGraph, RecoveryConsumer, RecoveryOutcome
+from recovery.consumer import (
+    DLQ_REASON_MIGRATION_FAILED,
+    ConsumerConfig,
+    RecoverableGraph,
+    RecoveryConsumer,
+    RecoveryOutcome,
+)
 from resilience import Bulkhead, BulkheadConfig, RetryConfig
 from runs import RunStatus, RunStore
 from runs.errors import RunNotFinalError
 from runs.runner import RunOutcome, execute_run, run_config
-from runs.versions import graph_fingerprint
+from runs.versions import graph_fingerprint, version_label
 from stack.runs import awaiting_runs, open_runs, version_summary, waiting_lines
 
 GRAPH = "saga"
@@ -37,15 +47,22 @@ class SagaState(TypedDict, total=False):
     trail: list[str]
     error: dict[str, str] | None
     status: str
+    receipt: str
 
 
 class Saga:
-    """One version of the saga; ``runs`` counts what each node of it executed, ``fail`` breaks nodes."""
+    """One version of the saga; ``runs`` counts what each node of it executed, ``fail`` breaks nodes. ``order_key``
+    renames the state key ``order`` (``finish`` writes it on the receipt) and ``extra`` adds one (on it too)."""
 
-    def __init__(self, saver: Any, middle: str = "b") -> None:
+    def __init__(self, saver: Any, middle: str = "b", *, order_key: str = "order", extra: str | None = None) -> None:
         self.runs: Counter[str] = Counter()
         self.fail: set[str] = set()
-        builder = StateGraph(SagaState)
+        self.order_key, self.extra = order_key, extra
+        keys = {(order_key if key == "order" else key): kind for key, kind in SagaState.__annotations__.items()}
+        state: Any = SagaState if keys == SagaState.__annotations__ else TypedDict("State", keys, total=False)  # type: ignore[operator]
+        if extra is not None:
+            state = TypedDict("State", {**keys, extra: str}, total=False)  # type: ignore[operator]
+        builder = StateGraph(state)
         chain = ["a", middle, "c", "finish"]
         for name in (*chain, "compensate"):
             builder.add_node(name, self._node(name))
@@ -58,13 +75,15 @@ class Saga:
         self.version = graph_fingerprint(self.graph)
 
     def _node(self, name: str) -> Any:
-        async def run(state: SagaState) -> dict[str, Any]:
+        async def run(state: Any) -> dict[str, Any]:  # ``Any``: a node typed ``SagaState`` sees only its keys
             self.runs[name] += 1
             if name in self.fail:
                 raise RuntimeError(f"{name} is broken")
             update: dict[str, Any] = {"trail": [*state.get("trail", []), name]}
             if name == "finish":
                 update["status"] = "failed" if state.get("error") else "confirmed"
+                keys = (self.order_key, self.extra)
+                update["receipt"] = "/".join(str(state.get(key)) for key in keys if key is not None)
             return update
 
         return run
@@ -96,11 +115,15 @@ class World:
         self.guard = QueueGuard(redis, self.dlq)
         self.queue = RecoveryQueue(redis, self.dlq, visibility_timeout=5)
 
-    def consumer(self, *sagas: Saga, name: str = "worker", committed: Any = None, **config: Any) -> RecoveryConsumer:
+    def consumer(
+        self, *sagas: Saga, name: str = "worker", committed: Any = None, migrations: Any = (), **config: Any
+    ) -> RecoveryConsumer:
+        """A worker running ``sagas`` (current first, which declares ``migrations``)."""
         targets = [
             RecoverableGraph(graph=saga.graph, give_up_update=give_up, is_final=is_final, committed=committed)
             for saga in sagas
         ]
+        targets[0] = dataclasses.replace(targets[0], migrations=migrations)
         defaults: dict[str, Any] = {
             "max_attempts": 2,
             "budget_s": 10.0,
@@ -261,3 +284,86 @@ async def test_status_verify_and_runs_read_the_waiting_runs_from_the_store(world
     assert len(lines) == 1 and "1 run(s) wait for graph version saga@" in lines[0] and "order-6" in lines[0]
     everything = version_summary(await open_runs(world.redis))
     assert [row.waiting for row in everything] == [("order-6",)], "the open runs include the waiting ones"
+
+
+# ----------------------------------------------------------------------------------------- migrations
+
+
+def migrated(world: World) -> tuple[Saga, Migration]:
+    """The next shape: ``b`` renamed ``b2``, the state key ``order`` renamed ``order_id``, a new key ``currency``; and
+    the migration its code declares from the old shape."""
+    new = Saga(world.saver, middle="b2", order_key="order_id", extra="currency")
+    migration = Migration(
+        world.old.version, nodes={"b": "b2"}, keys={"order": "order_id"}, defaults={"currency": "EUR"}
+    )
+    return new, migration
+
+
+@pytest.fixture
+def journal(redis: Any) -> Iterator[JournalWriter]:
+    mine = JournalWriter(redis, "test-worker")
+    previous = install_writer(mine)
+    yield mine
+    install_writer(previous)
+
+
+async def test_a_run_of_a_shape_the_new_code_migrates_from_is_migrated_and_resumed_once_on_it(
+    world: World, journal: JournalWriter
+) -> None:
+    await world.died_in_b("order-7")
+    new, migration = migrated(world)
+
+    outcome = await world.process_next(world.consumer(new, migrations=(migration,)))
+
+    assert outcome is RecoveryOutcome.RECOVERED
+    record = await world.runs.get("order-7")
+    assert record is not None and record.status is RunStatus.DONE and record.version == new.version
+    assert world.old.runs == Counter({"a": 1, "b": 1}), "the old code's attempt only"
+    assert new.runs == Counter({"b2": 1, "c": 1, "finish": 1}), "resumed at the renamed step, each step once"
+    state = await new.graph.aget_state(run_config("order-7"))
+    assert state.values["trail"] == ["a", "b2", "c", "finish"]
+    assert state.values["receipt"] == "order-7/EUR", "the renamed key kept its value, the new one its default"
+    assert "order" not in state.values
+    assert state.metadata is not None and state.metadata.get("graph_version") == new.version
+    await journal.flush()
+    kinds = [entry for entry in await read_journal(world.redis, "order-7") if entry["kind"] == "migrated"]
+    assert len(kinds) == 1 and kinds[0]["to"] == version_label(GRAPH, new.version)
+
+
+async def test_a_waiting_run_is_woken_and_migrated_by_the_first_worker_that_declares_it_exactly_once(
+    world: World,
+) -> None:
+    await world.died_in_b("order-8")
+    new, migration = migrated(world)
+    assert await world.process_next(world.consumer(new)) is RecoveryOutcome.WAITING, "no migration declared yet"
+
+    workers = [world.consumer(new, migrations=(migration,), name=f"next-{n}") for n in range(2)]
+    loops = [asyncio.create_task(worker.run()) for worker in workers]
+    try:
+        record = await world.until_done("order-8")
+    finally:
+        for worker in workers:
+            await worker.stop(grace=5)
+        await asyncio.gather(*loops)
+
+    assert record.status is RunStatus.DONE and record.version == new.version
+    assert new.runs == Counter({"b2": 1, "c": 1, "finish": 1})
+    assert await world.runs.awaiting() == []
+
+
+async def test_an_incomplete_migration_leaves_the_checkpoint_as_it_was_and_the_run_in_the_dlq(world: World) -> None:
+    await world.died_in_b("order-9")
+    new, _ = migrated(world)
+    before = await world.old.graph.aget_state(run_config("order-9"))
+    forgot_the_rename = Migration(world.old.version, keys={"order": "order_id"})
+
+    outcome = await world.process_next(world.consumer(new, migrations=(forgot_the_rename,)))
+
+    assert outcome is RecoveryOutcome.DEAD_LETTERED
+    entry = await world.dlq.get("order-9")
+    assert entry is not None and entry.reason == DLQ_REASON_MIGRATION_FAILED and "'branch:to:b'" in entry.error
+    assert new.runs == Counter() and world.old.runs["compensate"] == 0
+    after = await world.old.graph.aget_state(run_config("order-9"))
+    assert after.values == before.values and after.config == before.config, "the checkpoint as it was"
+    record = await world.runs.get("order-9")
+    assert record is not None and record.version == world.old.version

@@ -1,0 +1,168 @@
+"""Checkpoints recorded from a graph's shape, kept in tests/data/checkpoints/ as fixtures: the migrations a later
+shape declares are tested against them (tests/integration/test_checkpoint_fixtures.py; docs/upgrades.md).
+
+``python -m tests.checkpoints`` records the booking graph's current shape, a run whose process died mid-charge (the
+hold taken, the charge not answered), into ``booking@<fingerprint>.json``; record it before changing the shape, so
+the next shape's migration has the previous one's checkpoint to be tested against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from tests.booking_fakes import CHECKIN, CHECKOUT, HotelApi, PaymentAgent, SearchAgent, offer
+
+FIXTURES = Path(__file__).parent / "data" / "checkpoints"
+FORMAT = 1
+_SERDE = JsonPlusSerializer()
+
+
+class Died(BaseException):
+    """The process dying in the middle of a step: nothing in the graph catches it, as nothing catches ``kill -9``."""
+
+
+def fixture_path(graph: str, version: str) -> Path:
+    return FIXTURES / f"{graph}@{version}.json"
+
+
+def _value(value: Any) -> dict[str, Any]:
+    """A channel's value: as JSON when it is plain data (readable in review), else as the savers' own encoding."""
+    try:
+        if json.loads(json.dumps(value)) == value:
+            return {"json": value}
+    except (TypeError, ValueError):
+        pass
+    kind, data = _SERDE.dumps_typed(value)
+    return {"serde": kind, "data": base64.b64encode(data).decode()}
+
+
+def _unvalue(stored: dict[str, Any]) -> Any:
+    if "json" in stored:
+        return stored["json"]
+    return _SERDE.loads_typed((stored["serde"], base64.b64decode(stored["data"])))
+
+
+async def dump(saver: BaseCheckpointSaver[Any], thread_id: str, graph: str, version: str) -> dict[str, Any]:
+    """The thread's last checkpoint, its metadata and its pending writes, as a fixture."""
+    found = await saver.aget_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+    assert found is not None, f"no checkpoint for {thread_id!r}"
+    checkpoint = dict(found.checkpoint)
+    checkpoint["channel_values"] = {name: _value(value) for name, value in checkpoint["channel_values"].items()}
+    return {
+        "format": FORMAT,
+        "graph": graph,
+        "version": version,
+        "checkpoint": checkpoint,
+        "metadata": dict(found.metadata or {}),
+        "pending_writes": [[task, channel, _value(value)] for task, channel, value in found.pending_writes or []],
+    }
+
+
+async def load(saver: BaseCheckpointSaver[Any], fixture: dict[str, Any], thread_id: str) -> None:
+    """Store the fixture as the last checkpoint of ``thread_id`` (its pending writes attached to it)."""
+    checkpoint: Any = dict(fixture["checkpoint"])
+    checkpoint["channel_values"] = {name: _unvalue(value) for name, value in checkpoint["channel_values"].items()}
+    config: Any = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    stored = await saver.aput(config, checkpoint, fixture["metadata"], dict(checkpoint["channel_versions"]))
+    by_task: dict[str, list[tuple[str, Any]]] = {}
+    for task, channel, value in fixture["pending_writes"]:
+        by_task.setdefault(task, []).append((channel, _unvalue(value)))
+    for task, writes in by_task.items():
+        await saver.aput_writes(stored, writes, task)
+
+
+def read(graph: str, version: str) -> dict[str, Any]:
+    fixture: dict[str, Any] = json.loads(fixture_path(graph, version).read_text())
+    return fixture
+
+
+# ----------------------------------------------------------------------------------------- the booking graph
+
+BOOKING_REQUEST: dict[str, Any] = {
+    "city": "Lisbon",
+    "checkin": CHECKIN,
+    "checkout": CHECKOUT,
+    "guests": 2,
+    "payment_token": "tok_visa",
+    "owner": "alice",
+}
+"""The booking the recorded run is for (its card token is the test card's, and never reaches the checkpoint)."""
+
+
+async def record_booking(redis: Any, booking_id: str) -> dict[str, Any]:
+    """A booking run of the current shape that died mid-charge: search and reserve done, the charge never answered."""
+    from graph.booking import BOOKING_BUILDERS, BOOKING_GRAPH, BookingDeps, booking_input
+    from infra.bookings import BookingStore
+    from infra.clients.providers import HotelApiClient
+    from infra.payment_tokens import PaymentTokens
+    from resilience import budget_scope
+    from runs.runner import run_config
+    from runs.versions import graph_fingerprint
+
+    def die(data: dict[str, Any]) -> Any:
+        raise Died("kill -9 while the charge waited at payment-api")
+
+    api = HotelApi()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(api.handle), base_url="http://hotel-api")
+    async with HotelApiClient(http=http) as hotels:
+        store, tokens = BookingStore(redis), PaymentTokens(redis)
+        deps = BookingDeps(
+            redis=redis,
+            bookings=store,
+            payment_tokens=tokens,
+            hotels=hotels,
+            search_agent=SearchAgent([offer("h1", 100)]),
+            payment_agent=PaymentAgent(die),
+        )
+        saver = InMemorySaver()
+        graph = BOOKING_BUILDERS[0](deps, saver)
+        version = graph_fingerprint(graph)
+        await tokens.put(booking_id, BOOKING_REQUEST["payment_token"])
+        await store.create(booking_id, BOOKING_REQUEST)
+        try:
+            with budget_scope(30.0):
+                await graph.ainvoke(
+                    booking_input(booking_id, BOOKING_REQUEST), run_config(booking_id, version), durability="sync"
+                )
+        except Died:
+            pass
+        else:
+            raise AssertionError("the recorded run was to die in its charge")
+    await http.aclose()
+    return await dump(saver, booking_id, BOOKING_GRAPH, version)
+
+
+async def _main() -> int:
+    from infra.redis import create_redis
+    from infra.settings import get_settings
+
+    os.environ["CONCIERGE_KEY_PREFIX"] = f"record-{uuid.uuid4().hex[:12]}"
+    get_settings.cache_clear()
+    redis = create_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    try:
+        fixture = await record_booking(redis, "booking-recorded")
+        async for key in redis.scan_iter(match=f"{os.environ['CONCIERGE_KEY_PREFIX']}*"):
+            await redis.delete(key)
+    finally:
+        await redis.aclose()
+    path = fixture_path(fixture["graph"], fixture["version"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(_main()))
