@@ -47,6 +47,9 @@ class PaymentState(TypedDict, total=False):
     error: dict[str, str] | None
 
 
+REFUNDABLE = frozenset({"captured", "partially_refunded"})
+"""The charges a refund of a whole booking refunds (what is left of each): compensation returns everything."""
+
 _payment_token: ContextVar[str | None] = ContextVar("concierge_payment_token", default=None)
 
 
@@ -103,7 +106,7 @@ def build_payment_graph(
             payment_ids = [str(state["payment_id"])]
         else:
             charges = await policy.call(payments.find_charges, reference=state["reference"])
-            payment_ids = [c["payment_id"] for c in charges if c["status"] == "captured"]
+            payment_ids = [c["payment_id"] for c in charges if c["status"] in REFUNDABLE]
         base_key = idempotency_key()
         for payment_id in payment_ids:
             await policy.call(payments.refund, payment_id, idempotency_key=f"{base_key}:{payment_id}")

@@ -4,9 +4,11 @@
 
     POST /charges                  {amount, currency, payment_token, reference} → 201 {payment_id,
                                    status: "captured", ...}; 402 {"error": "card_declined"[, "reason"]}
-    POST /charges/{id}/refund      captured → refunded; refunded → unchanged; declined → 409; unknown → 404
-    GET  /charges/{id} · GET /charges?reference=   one charge · every charge of a reference
-    GET  /admin/ledger · PUT/GET/DELETE /admin/faults
+    POST /charges/{id}/refund      {amount?} (default: what is left) → 200 the charge, partially_refunded or
+                                   refunded, with ``refund``; nothing left → unchanged; more than is left → 409
+                                   refund_exceeds_capture; declined → 409 charge_not_captured; unknown → 404
+    GET  /charges/{id} · GET /charges?reference=   one charge · every charge of a reference (with ``refunds``)
+    GET  /admin/ledger · PUT/GET/DELETE /admin/faults   (the ledger: ``charges`` and ``refunds``)
 
 Test tokens: ``tok_visa`` and any ``tok_ok_*`` are captured; ``tok_declined`` is declined; any other token is
 declined with ``reason: "unknown test token"``. A declined charge is still a charge: it gets a ``payment_id``,
@@ -22,7 +24,7 @@ import uuid
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from redis.asyncio import Redis
 
 from infra.clients.wire import provider_error
@@ -33,7 +35,7 @@ from providers.base import IDEMPOTENT_ANSWERS, IDEMPOTENT_ROUTE, REPLAYED, Provi
 from providers.idempotency import IdempotentScript, fingerprint, record_suffix, require_idempotency_key
 from providers.keys import provider_key
 
-__all__ = ["PROVIDER", "ChargeRequest", "app", "create_app", "token_outcome"]
+__all__ = ["PROVIDER", "ChargeRequest", "RefundRequest", "app", "create_app", "token_outcome"]
 
 PROVIDER = "payment-api"
 MAX_AMOUNT = 1_000_000
@@ -58,6 +60,14 @@ def _charge_key(payment_id: str) -> str:
     return _key("charge", payment_id)
 
 
+def _refunds_key() -> str:
+    return _key("refunds")
+
+
+def _charge_refunds_key(payment_id: str) -> str:
+    return _key("refunds-of", payment_id)
+
+
 def _record_key(idempotency_key: str) -> str:
     return _key("idempotency", record_suffix(idempotency_key))
 
@@ -80,7 +90,9 @@ redis.call('RPUSH', KEYS[4], ARGV[6])
 return finish(tonumber(ARGV[3]), ARGV[5])
 """)
 
-# KEYS[2] charge · ARGV[3] 404 body
+# KEYS[2] charge · KEYS[3] the ledger's refunds · KEYS[4] the charge's refunds · ARGV[3] 404 body
+# ARGV[4] amount in cents ('' for what is left) · ARGV[5] refund id · ARGV[6] now (seconds)
+# Amounts are counted in cents: a refund of exactly what is left leaves 0, never 1e-14.
 _REFUND = IdempotentScript("""
 local raw = redis.call('GET', KEYS[2])
 if not raw then
@@ -91,13 +103,29 @@ if c.status == 'declined' then
   return finish(409, cjson.encode({error = 'charge_not_captured', payment_id = c.payment_id,
     message = 'a declined charge has nothing to refund'}))
 end
-if c.status == 'refunded' then
+local function cents(x) return math.floor(x * 100 + 0.5) end
+local captured = cents(c.amount)
+local refunded = cents(c.refunded_amount or (c.status == 'refunded' and c.amount or 0))
+local left = captured - refunded
+local wanted = left
+if ARGV[4] ~= '' then wanted = tonumber(ARGV[4]) end
+if wanted > left then
+  return finish(409, cjson.encode({error = 'refund_exceeds_capture', payment_id = c.payment_id,
+    left = left / 100, message = 'a refund cannot exceed what is left of the charge'}))
+end
+if wanted == 0 then
   return finish(200, raw)
 end
-c.status = 'refunded'
+refunded = refunded + wanted
+c.refunded_amount = refunded / 100
+if refunded == captured then c.status = 'refunded' else c.status = 'partially_refunded' end
+local refund = cjson.encode({refund_id = ARGV[5], payment_id = c.payment_id, reference = c.reference,
+  amount = wanted / 100, currency = c.currency, created_at = tonumber(ARGV[6])})
 local out = cjson.encode(c)
 redis.call('SET', KEYS[2], out)
-return finish(200, out)
+redis.call('RPUSH', KEYS[3], refund)
+redis.call('RPUSH', KEYS[4], refund)
+return finish(200, string.sub(out, 1, -2) .. ',"refund":' .. refund .. '}')
 """)
 
 
@@ -108,20 +136,52 @@ class ChargeRequest(BaseModel):
     reference: str = Field(min_length=1, max_length=200)
 
 
+class RefundRequest(BaseModel):
+    amount: float | None = Field(None, gt=0, le=MAX_AMOUNT, allow_inf_nan=False)
+    """What to refund, in whole cents; ``None``: whatever is left of the capture."""
+
+    @field_validator("amount")
+    @classmethod
+    def _whole_cents(cls, amount: float | None) -> float | None:
+        if amount is not None and abs(amount * 100 - round(amount * 100)) > 1e-6:
+            raise ValueError("an amount is in whole cents (at most two decimals)")
+        return amount
+
+
 # ----------------------------------------------------------------------- OpenAPI documentation (changes nothing)
+
+
+class Refund(BaseModel):
+    refund_id: str
+    payment_id: str
+    reference: str
+    amount: float
+    currency: str
+    created_at: float
 
 
 class Charge(BaseModel):
     payment_id: str
-    status: Literal["captured", "declined", "refunded"]
+    status: Literal["captured", "declined", "partially_refunded", "refunded"]
     amount: float
     currency: str
     reference: str
     created_at: float
+    refunded_amount: float = 0.0
+    """What its refunds sum to (a ``refunded`` charge: all of it)."""
+
+
+class Refunded(Charge):
+    refund: Refund | None = None
+    """The refund this request made; absent when it refunded nothing (nothing was left)."""
+
+
+class ChargeWithRefunds(Charge):
+    refunds: list[Refund]
 
 
 class Charges(BaseModel):
-    charges: list[Charge]
+    charges: list[ChargeWithRefunds]
 
 
 _CHARGE_NOT_FOUND = provider_answer(404, "charge_not_found", description="No charge with this id.")
@@ -181,37 +241,63 @@ async def create_charge(body: ChargeRequest, idempotency_key: IdempotencyKey, re
     response_model=None,
     openapi_extra=IDEMPOTENT_ROUTE,
     responses={
-        200: {"model": Charge, "description": "Refunded (again: unchanged).", "headers": REPLAYED},
+        200: {
+            "model": Refunded,
+            "description": "Refunded (``amount``, or whatever was left); nothing left: the charge, unchanged.",
+            "headers": REPLAYED,
+        },
         **answers(
             *IDEMPOTENT_ANSWERS,
             provider_answer(404, "charge_not_found", description="No charge with this id.", headers=REPLAYED),
             provider_answer(
-                409, "charge_not_captured", description="A declined charge has nothing to refund.", headers=REPLAYED
+                409,
+                "charge_not_captured",
+                description="A declined charge has nothing to refund; ``refund_exceeds_capture``: more than is "
+                "left of it (``left``).",
+                headers=REPLAYED,
             ),
         ),
     },
 )
-async def refund_charge(payment_id: str, idempotency_key: IdempotencyKey, redis: RedisDep) -> Response:
+async def refund_charge(
+    payment_id: str, idempotency_key: IdempotencyKey, redis: RedisDep, body: RefundRequest | None = None
+) -> Response:
+    amount = None if body is None else body.amount
     outcome = await _REFUND.run(
         redis,
         record_key=_record_key(idempotency_key),
-        request_fingerprint=fingerprint("POST /charges/{id}/refund", {"payment_id": payment_id}),
-        keys=[_charge_key(payment_id)],
-        args=[json.dumps(provider_error("charge_not_found", payment_id=payment_id))],
+        request_fingerprint=fingerprint("POST /charges/{id}/refund", {"payment_id": payment_id, "amount": amount}),
+        keys=[_charge_key(payment_id), _refunds_key(), _charge_refunds_key(payment_id)],
+        args=[
+            json.dumps(provider_error("charge_not_found", payment_id=payment_id)),
+            "" if amount is None else str(round(amount * 100)),
+            f"re_{uuid.uuid4().hex}",
+            time.time(),
+        ],
     )
     return outcome.to_response()
 
 
 @business.get(
     "/charges/{payment_id}",
-    responses={200: {"model": Charge, "description": "The charge."}, **answers(_CHARGE_NOT_FOUND)},
+    responses={
+        200: {"model": ChargeWithRefunds, "description": "The charge, its refunds."},
+        **answers(_CHARGE_NOT_FOUND),
+    },
 )
 async def get_charge(payment_id: str, redis: RedisDep) -> dict[str, Any]:
     raw = await redis.get(_charge_key(payment_id))
     if raw is None:
         raise ProviderApiError(404, "charge_not_found", payment_id=payment_id)
     charge: dict[str, Any] = json.loads(raw)
-    return charge
+    return await _with_refunds(redis, charge)
+
+
+async def _with_refunds(redis: Redis, charge: dict[str, Any]) -> dict[str, Any]:
+    """The charge as its routes answer it: what its refunds sum to, and each of them (a confirming caller's check)."""
+    raws = cast(list[str], await redis.lrange(_charge_refunds_key(charge["payment_id"]), 0, -1))
+    refunded = charge.get("refunded_amount", charge["amount"] if charge["status"] == "refunded" else 0.0)
+    return {**charge, "refunded_amount": refunded, "refunds": [json.loads(raw) for raw in raws]}
 
 
 async def _charges(redis: Redis, list_key: str) -> list[dict[str, Any]]:
@@ -224,17 +310,22 @@ async def _charges(redis: Redis, list_key: str) -> list[dict[str, Any]]:
 async def find_charges(
     reference: Annotated[str, Query(min_length=1, max_length=200)], redis: RedisDep
 ) -> dict[str, Any]:
-    """Every charge (captured, declined, refunded) made for ``reference``, oldest first."""
-    return {"charges": await _charges(redis, _reference_key(reference))}
+    """Every charge (captured, declined, refunded) made for ``reference``, oldest first, with its refunds."""
+    return {"charges": [await _with_refunds(redis, c) for c in await _charges(redis, _reference_key(reference))]}
 
 
 _LEDGER_FIELDS = ("payment_id", "reference", "amount", "currency", "status")
+_REFUND_FIELDS = ("refund_id", "payment_id", "reference", "amount", "currency")
 
 
 @admin.get("/ledger")
 async def ledger(redis: RedisDep) -> dict[str, Any]:
-    """Every charge ever attempted, oldest first."""
-    return {"charges": [{f: c.get(f) for f in _LEDGER_FIELDS} for c in await _charges(redis, _ledger_key())]}
+    """Every charge ever attempted and every refund made, oldest first."""
+    refunds = [json.loads(raw) for raw in cast(list[str], await redis.lrange(_refunds_key(), 0, -1))]
+    return {
+        "charges": [{f: c.get(f) for f in _LEDGER_FIELDS} for c in await _charges(redis, _ledger_key())],
+        "refunds": [{f: r.get(f) for f in _REFUND_FIELDS} for r in refunds],
+    }
 
 
 def create_app() -> FastAPI:

@@ -286,10 +286,12 @@ class PaymentApiClient(_ProviderClient):
         result: dict[str, Any] = await self._request("POST", "/charges", json=body, idempotency_key=idempotency_key)
         return result
 
-    async def refund(self, payment_id: str, *, idempotency_key: str) -> dict[str, Any]:
-        """``{payment_id, status: "refunded", ...}``; refunding a refunded charge returns it unchanged."""
+    async def refund(self, payment_id: str, *, idempotency_key: str, amount: float | None = None) -> dict[str, Any]:
+        """The charge, ``refunded`` or ``partially_refunded``, with the ``refund`` made (``amount``, default what is
+        left); with nothing left, the charge unchanged. More than is left: ``ProviderError`` 409."""
+        body = None if amount is None else {"amount": amount}
         result: dict[str, Any] = await self._request(
-            "POST", f"/charges/{payment_id}/refund", idempotency_key=idempotency_key
+            "POST", f"/charges/{payment_id}/refund", json=body, idempotency_key=idempotency_key
         )
         return result
 
@@ -298,7 +300,8 @@ class PaymentApiClient(_ProviderClient):
         return result
 
     async def find_charges(self, *, reference: str) -> list[dict[str, Any]]:
-        """Every charge made for ``reference`` (captured, declined or refunded), oldest first."""
+        """Every charge made for ``reference`` (captured, declined or refunded), oldest first, each with its
+        ``refunds``: what a caller checks before sending again a refund that may have left."""
         result = await self._request("GET", "/charges", params={"reference": reference})
         charges: list[dict[str, Any]] = result["charges"]
         return charges

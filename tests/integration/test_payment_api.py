@@ -106,8 +106,10 @@ async def test_refund_then_refund_again_returns_it_unchanged(api: httpx.AsyncCli
     assert refunded.status_code == 200
     assert refunded.json()["status"] == "refunded"
     assert refunded.json()["amount"] == 240.5
+    assert refunded.json()["refund"]["amount"] == 240.5
     again = await api.post(f"/charges/{pid}/refund", headers={"Idempotency-Key": "r-2"})
-    assert (again.status_code, again.json()) == (200, refunded.json())
+    unchanged = {name: value for name, value in refunded.json().items() if name != "refund"}
+    assert (again.status_code, again.json()) == (200, unchanged), "nothing left: nothing refunded"
     assert [c["status"] for c in await ledger(api)] == ["refunded"]
 
 
@@ -174,3 +176,53 @@ async def test_faults_are_per_provider(api: httpx.AsyncClient) -> None:
             assert (await hotel_client.get("/hotels/rome-01")).status_code == 200
     await api.delete("/admin/faults")
     assert (await charge(api, charge_body())).status_code == 201
+
+
+async def refund(api: httpx.AsyncClient, pid: str, amount: float | None = None, key: str | None = None) -> Any:
+    body = None if amount is None else {"amount": amount}
+    return await api.post(f"/charges/{pid}/refund", json=body, headers={"Idempotency-Key": key or uuid.uuid4().hex})
+
+
+async def test_a_refund_of_an_amount_leaves_the_rest_and_a_second_one_what_is_left(api: httpx.AsyncClient) -> None:
+    pid = (await charge(api, charge_body())).json()["payment_id"]
+
+    first = await refund(api, pid, 100.25, key="part-1")
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert (body["status"], body["refunded_amount"]) == ("partially_refunded", 100.25)
+    assert body["refund"]["amount"] == 100.25 and body["refund"]["reference"] == "bk-1"
+    replayed = await refund(api, pid, 100.25, key="part-1")
+    assert (replayed.json(), replayed.headers.get("Idempotent-Replayed")) == (body, "true"), "the same refund"
+    assert (await refund(api, pid, 200, key="part-1")).status_code == 422, "a key names one refund"
+
+    too_much = await refund(api, pid, 140.26)
+    assert too_much.status_code == 409 and too_much.json()["error"] == "refund_exceeds_capture"
+    assert too_much.json()["left"] == 140.25
+    rest = (await refund(api, pid)).json()
+    assert (rest["status"], rest["refunded_amount"], rest["refund"]["amount"]) == ("refunded", 240.5, 140.25)
+    nothing = (await refund(api, pid)).json()
+    assert nothing["status"] == "refunded" and "refund" not in nothing, "nothing left: unchanged"
+
+    seen = (await api.get(f"/charges/{pid}")).json()
+    assert [r["amount"] for r in seen["refunds"]] == [100.25, 140.25] and seen["refunded_amount"] == 240.5
+    listed = (await api.get("/admin/ledger")).json()
+    assert [(r["payment_id"], r["amount"]) for r in listed["refunds"]] == [(pid, 100.25), (pid, 140.25)]
+    assert set(listed["refunds"][0]) == {"refund_id", "payment_id", "reference", "amount", "currency"}
+
+
+@pytest.mark.parametrize(("amount", "why"), [(0, "greater than 0"), (-5, "greater than 0"), (1.005, "whole cents")])
+async def test_a_refund_amount_is_validated(api: httpx.AsyncClient, amount: float, why: str) -> None:
+    pid = (await charge(api, charge_body())).json()["payment_id"]
+    response = await refund(api, pid, amount)
+    assert response.status_code == 422 and why in response.text and "amount" in response.text
+    assert (await api.get(f"/charges/{pid}")).json()["status"] == "captured", "nothing refunded"
+
+
+async def test_refunds_at_once_never_sum_past_the_capture(api: httpx.AsyncClient) -> None:
+    pid = (await charge(api, charge_body(amount=100))).json()["payment_id"]
+
+    answers = await asyncio.gather(*(refund(api, pid, 30) for _ in range(10)))
+
+    assert sorted(a.status_code for a in answers) == [200] * 3 + [409] * 7
+    seen = (await api.get(f"/charges/{pid}")).json()
+    assert seen["refunded_amount"] == 90 and seen["status"] == "partially_refunded" and len(seen["refunds"]) == 3
