@@ -1,6 +1,7 @@
 """The vocabulary every floor speaks: a booking's (``domain.booking``: stay rules, statuses, error codes, journal
-kinds), a city's (``domain.cities``: one canonical name for "Lisboa", "LISBON" and "lisbon ") and the model's
-(``domain.llm``: the simulated model names, the concierge's tool names)."""
+kinds; ``domain.cancellation``: what cancelling a stay costs), a city's (``domain.cities``: one canonical name for
+"Lisboa", "LISBON" and "lisbon ") and the model's (``domain.llm``: the simulated model names, the concierge's tool
+names)."""
 
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
@@ -25,6 +26,7 @@ from domain.booking import (
     rooms_for,
     validate_stay,
 )
+from domain.cancellation import CancellationPolicy, CancellationRefusedError, cancellation_fee
 from domain.cities import CITY_ALIASES, canonical_city, city_key
 from domain.llm import (
     BOOK_HOTEL,
@@ -58,9 +60,12 @@ __all__ = [
     "TOOL_NAMES",
     "BookingFinalError",
     "BookingStatus",
+    "CancellationPolicy",
+    "CancellationRefusedError",
     "ErrorCode",
     "InvalidStayError",
     "JournalKind",
+    "cancellation_fee",
     "canonical_city",
     "check_checkin",
     "check_guests",

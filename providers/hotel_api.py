@@ -2,12 +2,14 @@
 
 ::
 
-    GET  /hotels?city=&checkin=&checkout=&guests=   offers that can host the party, cheapest first
+    GET  /hotels?city=&checkin=&checkout=&guests=   offers that can host the party, cheapest first, each with the
+                                                     stay's ``cancellation`` policy (``domain.cancellation``)
     GET  /hotels/{hotel_id}                          details; 404 unknown
     POST /reservations                               hold rooms → 201 {reservation_id, status: "held", ...};
                                                      409 {"error": "no_availability"}; 404 unknown hotel
     POST /reservations/{id}/confirm                  held → confirmed (again: unchanged); cancelled → 409
-    POST /reservations/{id}/cancel                   held/confirmed → cancelled, rooms given back exactly once
+    POST /reservations/{id}/cancel                   held/confirmed → cancelled, rooms given back exactly once (the
+                                                     policy is the booking's to apply: hotel-api gives rooms back)
     GET  /reservations/{id}
     GET  /admin/ledger · GET /admin/availability · PUT/GET/DELETE /admin/faults
 
@@ -35,7 +37,7 @@ from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 from domain.booking import nights_between
-from infra.clients.wire import Offers, provider_error
+from infra.clients.wire import Cancellation, Offers, provider_error
 from infra.service import get_redis
 from infra.service.openapi import answers
 from infra.service.openapi import provider_error as provider_answer
@@ -193,6 +195,7 @@ class Reservation(BaseModel):
     currency: str
     reference: str
     created_at: float
+    cancellation: Cancellation
 
 
 _HOTEL_NOT_FOUND = provider_answer(404, "hotel_not_found", description="No hotel with this id.")
@@ -219,7 +222,7 @@ async def search_hotels(query: Annotated[SearchQuery, Query()], redis: RedisDep,
     free = await _available(redis, hotels, query.nights)
     faults = _faults(request)
     offers = [
-        h.offer(free[h.hotel_id]) | {"name": faults.hotel_name(h.name)}
+        h.offer(free[h.hotel_id], query.checkin, query.rooms) | {"name": faults.hotel_name(h.name)}
         for h in hotels
         if free[h.hotel_id] >= query.rooms
     ]
@@ -240,6 +243,8 @@ def _new_reservation(
 ) -> dict[str, Any]:
     nights = request.nights
     offered_total = round(hotel.price_per_night * request.rooms * len(nights), 2)
+    total = faults.held_total(offered_total)
+    policy = hotel.policy(request.checkin, total / len(nights))  # the first night of the stay as held
     return {
         "reservation_id": reservation_id,
         "status": "held",
@@ -250,10 +255,11 @@ def _new_reservation(
         "guests": request.guests,
         "rooms": request.rooms,
         "nights": [n.isoformat() for n in nights],
-        "total_price": faults.held_total(offered_total),
+        "total_price": total,
         "currency": hotel.currency,
         "reference": request.reference,
         "created_at": time.time(),
+        "cancellation": policy.to_wire(),
     }
 
 

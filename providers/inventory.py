@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import date
 from types import MappingProxyType
 from typing import Any
 
+from domain import CancellationPolicy
 from domain.cities import canonical_city, city_key
 
 __all__ = ["CITIES", "CURRENCY", "HOTELS", "Hotel", "find_hotel", "hotels_in"]
@@ -51,10 +53,17 @@ class Hotel:
     rooms: int
     """Rooms the hotel has every night."""
     currency: str = CURRENCY
+    refundable: bool = True
+    """False: a non-refundable rate, never cancelled (``not_refundable``)."""
 
-    def offer(self, available_rooms: int) -> dict[str, Any]:
-        """This hotel as a search lists it (``infra.clients.wire.Offer``)."""
-        return {
+    def policy(self, checkin: date, first_night: float) -> CancellationPolicy:
+        """The cancellation policy of a stay here from ``checkin`` whose first night costs ``first_night``."""
+        return CancellationPolicy.for_stay(checkin, first_night, self.currency, refundable=self.refundable)
+
+    def offer(self, available_rooms: int, checkin: date | None = None, rooms: int = 1) -> dict[str, Any]:
+        """This hotel as a search lists it (``infra.clients.wire.Offer``), with the policy of a stay from
+        ``checkin`` in ``rooms`` rooms (its fee: their first night)."""
+        offer: dict[str, Any] = {
             "hotel_id": self.hotel_id,
             "name": self.name,
             "city": self.city,
@@ -62,7 +71,11 @@ class Hotel:
             "price_per_night": self.price_per_night,
             "currency": self.currency,
             "available_rooms": available_rooms,
+            "refundable": self.refundable,
         }
+        if checkin is not None:
+            offer["cancellation"] = self.policy(checkin, self.price_per_night * rooms).to_wire()
+        return offer
 
     def describe(self) -> dict[str, object]:
         return {
@@ -73,6 +86,7 @@ class Hotel:
             "price_per_night": self.price_per_night,
             "currency": self.currency,
             "rooms": self.rooms,
+            "refundable": self.refundable,
         }
 
 
@@ -90,6 +104,11 @@ def _generate() -> dict[str, Hotel]:
             price = round(base * _STAR_FACTOR[stars] * rng.uniform(0.85, 1.15))
             hotel_id = f"{city.lower()}-{number:02d}"
             hotels[hotel_id] = Hotel(hotel_id, name, city, stars, float(price), rng.randint(5, 20))
+    # each city's dearest hotel sells a non-refundable rate only: never its cheapest, so the walkthroughs (the
+    # cheapest stay) can always be cancelled
+    for city in _CITY_PRICES:
+        dearest = max((h for h in hotels.values() if h.city == city), key=lambda h: (h.price_per_night, h.hotel_id))
+        hotels[dearest.hotel_id] = replace(dearest, refundable=False)
     return hotels
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "IDEMPOTENCY_HEADER",
     "MAX_IDEMPOTENCY_KEY_LENGTH",
     "REPLAYED_HEADER",
+    "Cancellation",
     "Offer",
     "Offers",
     "error_fields",
@@ -49,6 +50,18 @@ def error_fields(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
+class Cancellation(BaseModel):
+    """A stay's cancellation policy as offers, holds and bookings carry it (``CancellationPolicy.to_wire``)."""
+
+    free_until: str
+    """ISO 8601 UTC: 48 hours before 00:00 UTC of the check-in date; until then cancelling costs nothing."""
+    fee: float
+    """From ``free_until`` until check-in: the first night (every room of it). From check-in: no cancel at all."""
+    currency: str
+    refundable: bool = True
+    """False: a non-refundable rate, never cancelled."""
+
+
 class Offer(BaseModel):
     """One hotel with rooms for the party: what hotel-api's ``GET /hotels`` lists and search-agent passes on."""
 
@@ -59,6 +72,9 @@ class Offer(BaseModel):
     price_per_night: float
     currency: str
     available_rooms: int
+    refundable: bool = True
+    cancellation: Cancellation | None = None
+    """The stay's policy (``domain.cancellation``): free until ``free_until``, then ``fee``."""
 
 
 class Offers(BaseModel):

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import date, timedelta
 from typing import Any
 
 import httpx
@@ -81,9 +82,38 @@ async def test_search_lists_the_citys_hotels_cheapest_first(api: httpx.AsyncClie
     prices = [o["price_per_night"] for o in offers]
     assert prices == sorted(prices)
     first = offers[0]
-    assert set(first) == {"hotel_id", "name", "city", "stars", "price_per_night", "currency", "available_rooms"}
+    assert set(first) == {
+        "hotel_id",
+        "name",
+        "city",
+        "stars",
+        "price_per_night",
+        "currency",
+        "available_rooms",
+        "refundable",
+        "cancellation",
+    }
     assert first["currency"] == "EUR"
     assert first["available_rooms"] == HOTELS[first["hotel_id"]].rooms
+    # free until 48 h before 00:00 UTC of the check-in date, then the first night of the party's one room
+    assert first["cancellation"] == {
+        "free_until": f"{date.fromisoformat(CHECKIN) - timedelta(days=2)}T00:00:00Z",
+        "fee": first["price_per_night"],
+        "currency": "EUR",
+        "refundable": True,
+    }
+    assert first["refundable"] and not offers[-1]["refundable"], "the city's dearest rate only is non-refundable"
+
+
+async def test_a_hold_carries_the_policy_of_its_first_night_as_held(api: httpx.AsyncClient) -> None:
+    cheapest = min(hotels_in("Lisbon"), key=lambda h: h.price_per_night)
+    body = {"hotel_id": cheapest.hotel_id, "checkin": CHECKIN, "checkout": CHECKOUT, "guests": 3, "reference": "p1"}
+    response = await api.post("/reservations", json=body, headers={"Idempotency-Key": "policy-1"})
+    assert response.status_code == 201, response.text
+    held = response.json()
+    nights = len(held["nights"])
+    assert held["rooms"] == 2 and held["cancellation"]["fee"] == round(held["total_price"] / nights, 2)
+    assert held["cancellation"]["free_until"].endswith("T00:00:00Z") and held["cancellation"]["refundable"]
 
 
 @pytest.mark.parametrize("city", ["Lisboa", "LISBON", "lisbon ", "lisboa", "Lisbonne"])
