@@ -74,6 +74,7 @@ from infra.a2a.server import Skill, current_caller, current_person, mount_a2a, p
 from infra.a2a.wire import A2A_PATH
 from infra.bookings import BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
+from infra.clients.wire import Cancellation
 from infra.error_table import answer_for, answer_response
 from infra.journal import is_final, name_instance, read_journal
 from infra.people import Caller, IdempotencyKeyReusedError
@@ -249,6 +250,8 @@ class BookingView(BaseModel):
     currency: str | None
     reservation_id: str | None
     payment_id: str | None
+    cancellation: Cancellation | None = None
+    """The stay's cancellation policy as the hotel held it: free until ``free_until``, then ``fee`` (docs/cancel.md)."""
     error: BookingError | None
     """Why a ``failed`` booking failed (an ``ErrorCode``)."""
     cancel_requested_at: str | None = None

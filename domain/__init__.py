@@ -26,7 +26,7 @@ from domain.booking import (
     rooms_for,
     validate_stay,
 )
-from domain.cancellation import CancellationPolicy, CancellationRefusedError, cancellation_fee
+from domain.cancellation import CancellationPolicy, CancellationRefusedError, cancellation_fee, describe_cancellation
 from domain.cities import CITY_ALIASES, canonical_city, city_key
 from domain.llm import (
     BOOK_HOTEL,
@@ -71,6 +71,7 @@ __all__ = [
     "check_guests",
     "check_nights",
     "city_key",
+    "describe_cancellation",
     "nights_between",
     "parse_iso_date",
     "rooms_for",

@@ -20,6 +20,7 @@ __all__ = [
     "CancellationPolicy",
     "CancellationRefusedError",
     "cancellation_fee",
+    "describe_cancellation",
 ]
 
 FREE_CANCELLATION_HOURS: Final = 48
@@ -68,6 +69,13 @@ class CancellationPolicy:
             "refundable": self.refundable,
         }
 
+    def describe(self) -> str:
+        """The policy in words, as the CLI, the approval card and the concierge say it."""
+        if not self.refundable:
+            return "non-refundable: it cannot be cancelled"
+        until = self.free_until.strftime("%Y-%m-%d %H:%M UTC")
+        return f"free cancellation until {until}, then a fee of {self.fee:.2f} {self.currency} until check-in"
+
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any], checkin: date) -> CancellationPolicy:
         """The policy as carried (``to_wire``) for a stay from ``checkin``; ``ValueError`` names what is wrong."""
@@ -82,6 +90,16 @@ class CancellationPolicy:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"cancellation: not a policy ({exc})") from exc
+
+
+def describe_cancellation(wire: object) -> str:
+    """``to_wire``'s form in words; a booking held before policies were kept has none to tell."""
+    if not isinstance(wire, Mapping):
+        return "no cancellation policy recorded"
+    try:
+        return CancellationPolicy.from_wire(wire, date.min).describe()
+    except ValueError:
+        return "no cancellation policy recorded"
 
 
 def cancellation_fee(policy: CancellationPolicy, total: float, now: datetime) -> float:

@@ -127,6 +127,8 @@ class BookingState(TypedDict, total=False):
     total_price: float | None
     currency: str | None
     reservation_id: str | None
+    cancellation: dict[str, Any] | None
+    """The stay's cancellation policy as the hotel held it (``domain.cancellation``): on the booking record."""
     payment_id: str | None
     charge_attempted: bool
     status: str
@@ -280,6 +282,7 @@ async def reserve(state: BookingState, config: RunnableConfig, *, deps: BookingD
             "reservation_id": held["reservation_id"],
             "total_price": held["total_price"],
             "currency": held["currency"],
+            "cancellation": held.get("cancellation"),
         }
         try:
             check_hold_price(
@@ -393,6 +396,7 @@ async def finish(state: BookingState, config: RunnableConfig, *, deps: BookingDe
         currency=state.get("currency"),
         reservation_id=state.get("reservation_id"),
         payment_id=state.get("payment_id"),
+        cancellation=state.get("cancellation"),
         error=error,
     )
     if written and ended == BookingStatus.CANCELLED:
@@ -479,7 +483,10 @@ BOOKING_BUILDERS: Final = (build_booking_graph,)
 """Every version of the booking graph this code runs, current first: an earlier shape's builder stays here while runs
 of it may be in flight (docs/upgrades.md)."""
 
-BOOKING_MIGRATIONS: Final[tuple[Migration, ...]] = ()
+BOOKING_MIGRATIONS: Final[tuple[Migration, ...]] = (
+    # booking@1 → booking@2: the hold's cancellation policy kept in the state (a run of @1 held its stay without)
+    Migration("ce82de42196f23b8", defaults={"cancellation": None}),
+)
 """How runs of an earlier shape move onto the current builder instead (``graph.migrations``), each tested against a
 checkpoint recorded from that shape (tests/data/checkpoints; docs/upgrades.md)."""
 

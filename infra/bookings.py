@@ -51,6 +51,7 @@ PUBLIC_FIELDS: Final = (
     "currency",
     "reservation_id",
     "payment_id",
+    "cancellation",
     "error",
     "cancel_requested_at",
     "created_at",
@@ -61,7 +62,7 @@ PUBLIC_FIELDS: Final = (
 # reads instead of four a second. Runs finished here wake their waiters at once, without polling.
 FALLBACK_POLL_S: Final = 0.25
 FALLBACK_POLL_MAX_S: Final = 1.0
-_JSON_FIELDS: Final = frozenset({"error", "guests", "total_price"})
+_JSON_FIELDS: Final = frozenset({"error", "guests", "total_price", "cancellation"})
 INDEX_MAX: Final = 100_000
 """Bookings kept in the ``GET /bookings`` index (besides its retention, ``JOURNAL_TTL_S``); the oldest go first."""
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from domain import describe_cancellation
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
     MAX_NIGHTS,
@@ -334,7 +335,8 @@ def _follow(client: _Client, body: dict[str, Any], started: float, timeout: floa
         total = f"{price:.2f} {booking.get('currency')}" if isinstance(price, int | float) else "-"
         print(
             f"confirmed: {booking.get('hotel_name')} ({booking.get('hotel_id')}) · {total} · "
-            f"reservation {booking.get('reservation_id')} · payment {booking.get('payment_id')}"
+            f"reservation {booking.get('reservation_id')} · payment {booking.get('payment_id')} · "
+            f"{describe_cancellation(booking.get('cancellation'))}"
         )
         return EXIT_OK
     if seen == "cancelled":

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from domain import describe_cancellation
 from domain.booking import FINAL_BOOKING_STATUSES, JournalKind
 from infra.settings import get_settings
 from stack.book import booking_agent_urls
@@ -397,7 +398,8 @@ def describe_approval(approval: Mapping[str, Any]) -> str:
     return (
         f"approval {approval.get('approval_id')}: book {approval.get('hotel_name')} ({approval.get('hotel_id')}), "
         f"{approval.get('checkin')} → {approval.get('checkout')}, {approval.get('guests')} guest(s), "
-        f"{total} {approval.get('currency')}, expires {approval.get('expires_at')}"
+        f"{total} {approval.get('currency')}, {describe_cancellation(approval.get('cancellation'))}, "
+        f"expires {approval.get('expires_at')}"
     )
 
 

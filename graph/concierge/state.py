@@ -45,6 +45,8 @@ class Approval(TypedDict):
     total_price: NotRequired[float | None]
     price_per_night: NotRequired[float | None]
     currency: NotRequired[str | None]
+    cancellation: NotRequired[dict[str, Any] | None]
+    """The stay's cancellation policy (``domain.cancellation``): what cancelling later would cost."""
     booking_id: NotRequired[str]
     """A cancel's booking."""
 

@@ -22,7 +22,7 @@ from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, SEARCH_HOTELS
 from graph.concierge import booking as effects
 from graph.concierge.context import ConciergeDeps, Peer
 from graph.concierge.state import Done, Pending
-from graph.concierge.views import booking_view, offer_view, third_party_text, tool_error
+from graph.concierge.views import booking_view, offer_view, policy_view, third_party_text, tool_error
 from resilience import policy_for
 
 __all__ = [
@@ -261,6 +261,7 @@ async def quote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
         "total_price": view["total_price"],
         "price_per_night": view["price_per_night"],
         "currency": view["currency"],
+        "cancellation": view["cancellation"],
     }
 
 
@@ -274,6 +275,7 @@ async def cancel_terms(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     for name in ("hotel_id", "hotel_name", "city", "checkin", "checkout", "guests", "total_price", "currency"):
         value = booking.get(name)
         terms[name] = third_party_text(value) if isinstance(value, str) else value
+    terms["cancellation"] = policy_view(booking.get("cancellation"))
     return terms
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from datetime import date
 from typing import Any, Final
 
+from domain import CancellationPolicy
 from domain.booking import ErrorCode, rooms_for
 from infra.bookings import PUBLIC_FIELDS
 
@@ -17,6 +19,7 @@ __all__ = [
     "MAX_THIRD_PARTY_CHARS",
     "booking_view",
     "offer_view",
+    "policy_view",
     "third_party_text",
     "tool_error",
 ]
@@ -41,7 +44,8 @@ def tool_error(message: str, code: str = ErrorCode.INVALID_REQUEST, **details: A
 
 
 def offer_view(offer: dict[str, Any], nights: int, guests: int) -> dict[str, Any]:
-    """One search offer: its price for the whole stay (every room, every night) beside the hotel's name."""
+    """One search offer: its price for the whole stay (every room, every night) beside the hotel's name, and what
+    cancelling it would cost."""
     total = round(float(offer["price_per_night"]) * rooms_for(guests) * nights, 2)
     return {
         "hotel_id": third_party_text(offer["hotel_id"]),
@@ -50,7 +54,19 @@ def offer_view(offer: dict[str, Any], nights: int, guests: int) -> dict[str, Any
         "price_per_night": float(offer["price_per_night"]),
         "total_price": total,
         "currency": third_party_text(offer["currency"]),
+        "cancellation": policy_view(offer.get("cancellation")),
     }
+
+
+def policy_view(wire: object) -> dict[str, Any] | None:
+    """A provider's cancellation policy as the model and the person read it: re-built from its parsed fields (no
+    text of the provider's passes), ``None`` when it is not one."""
+    if not isinstance(wire, dict):
+        return None
+    try:
+        return CancellationPolicy.from_wire(wire, date.min).to_wire()
+    except ValueError:
+        return None
 
 
 _NOT_FOR_THE_MODEL: Final = frozenset(
@@ -72,4 +88,7 @@ def _clean(value: Any) -> Any:
 def booking_view(booking: dict[str, Any]) -> dict[str, Any]:
     """What the model (and the chat) reads of a booking: booking-agent's public view without payment or reservation
     references, every text in it third-party text."""
-    return {name: _clean(booking.get(name)) for name in _BOOKING_FIELDS if booking.get(name) is not None}
+    view = {name: _clean(booking.get(name)) for name in _BOOKING_FIELDS if booking.get(name) is not None}
+    if "cancellation" in view:
+        view["cancellation"] = policy_view(booking["cancellation"])
+    return view

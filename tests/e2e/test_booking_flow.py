@@ -6,11 +6,13 @@ import concurrent.futures
 import time
 import uuid
 from collections import Counter
+from datetime import date, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
+from providers.inventory import HOTELS
 from tests.e2e.conftest import SHARED_CORE
 from tests.stack import Stack, stay
 
@@ -37,9 +39,17 @@ def test_twenty_concurrent_bookings_all_confirm_exactly_once(stack: Stack) -> No
     ids = {b["booking_id"] for b in accepted}
     assert len(ids) == 20
     assert [b["status"] for b in final] == ["confirmed"] * 20, [b["error"] for b in final]
+    free_until = f"{date.fromisoformat(checkin) - timedelta(days=2)}T00:00:00Z"
     for booking in final:
         assert booking["reservation_id"] and booking["payment_id"] and booking["hotel_name"]
         assert booking["total_price"] > 0 and booking["currency"] == "EUR"
+        # the policy the hotel held the stay with: free until 48 h before check-in, then its first night
+        assert booking["cancellation"] == {
+            "free_until": free_until,
+            "fee": round(booking["total_price"] / 2, 2),
+            "currency": "EUR",
+            "refundable": HOTELS[booking["hotel_id"]].refundable,
+        }, booking
 
     reservations = [r for r in stack.ledger("hotel-api")["reservations"] if r["reference"] in ids]
     confirmed = Counter(r["reference"] for r in reservations if r["status"] == "confirmed")

@@ -126,8 +126,10 @@ def test_a_conversation_ends_in_one_confirmed_booking_after_the_approval(stack: 
         "guests",
         "total_price",
         "currency",
+        "cancellation",
         "expires_at",
     }
+    assert pending["cancellation"]["refundable"] and pending["cancellation"]["free_until"].endswith("T00:00:00Z")
     # a message while the approval waits is refused, naming why
     refused = stack.http.post(url(stack, f"/chats/{chat_id}/messages"), json={"text": "hello"})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "approval_pending"
@@ -144,6 +146,7 @@ def test_a_conversation_ends_in_one_confirmed_booking_after_the_approval(stack: 
     assert booking["status"] == "confirmed"
     assert booking["hotel_id"] == pending["hotel_id"]
     assert booking["total_price"] == pytest.approx(pending["total_price"])
+    assert booking["cancellation"] == pending["cancellation"], "the policy approved is the one held"
     assert view["messages"][0] == {"role": "user", "content": book_request(), "turn_id": accepted["turn_id"]}
     assert view["messages"][-1]["role"] == "assistant" and "Booked" in view["messages"][-1]["content"]
 

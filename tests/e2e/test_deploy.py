@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 
+from graph.booking import BOOKING_BUILDERS
+from graph.concierge import CONCIERGE_BUILDERS
 from infra.redis import create_sync_redis
 from runs.leases import run_key
-from runs.versions import legacy_version
+from runs.versions import graph_fingerprint, version_label
 from tests.e2e.test_chaos import CHAOS_ENV, RECOVERY_TIMEOUT_S, assert_confirmed_exactly_once, wait_for_status
 from tests.procs import REPO_ROOT, concierge_command
 from tests.stack import CORE, Stack, fresh_database, stay
@@ -37,8 +39,11 @@ PACKAGES = ("stack", "agents", "providers", "recovery", "runs", "graph", "infra"
 READY_TIMEOUT_S = 120.0
 CHARGE_IN_FLIGHT_S = 1.5
 """After ``paying`` shows, how long until the charge surely waits at payment-api (3 s latency)."""
-BOOKING_V1 = legacy_version("booking")
-CONCIERGE_V1 = legacy_version("concierge")
+BOOKING_NOW = graph_fingerprint(BOOKING_BUILDERS[0](None))  # type: ignore[arg-type]
+"""The booking graph's version on this checkout: what the bookings parked before each deploy run."""
+BOOKING_LABEL = version_label("booking", BOOKING_NOW)
+CONCIERGE_NOW = graph_fingerprint(CONCIERGE_BUILDERS[0](None))  # type: ignore[arg-type]
+CONCIERGE_LABEL = version_label("concierge", CONCIERGE_NOW)
 
 # The change, appended to the copy's graph/booking.py: a new ``build_booking_graph`` (what booking-agent and the
 # recovery worker build), written as a developer would change the builder, ``BOOKING_BUILDERS`` with or without the
@@ -259,19 +264,19 @@ def verify(stack: Stack) -> subprocess.CompletedProcess[str]:
 def assert_waits_untouched(stack: Stack, booking_id: str) -> None:
     """On code that lacks its version: waiting, visibly, with nothing undone and nothing marked done."""
     record = wait_run(stack, booking_id, "awaiting_version")
-    assert record["version"] == BOOKING_V1 and not record.get("owner"), record
+    assert record["version"] == BOOKING_NOW and not record.get("owner"), record
     assert stack.booking(booking_id)["status"] == "paying", "not finished, failed or compensated by other code"
     rooms, money = ledgers_of(stack, booking_id)
     assert rooms == Counter({"held": 1}) and money["refunded"] == 0, (rooms, money)
     waiting = [e for e in events(stack, booking_id) if e["kind"] == "waiting_for_version"]
-    assert waiting and waiting[-1]["version"] == "booking@1" and waiting[-1]["fingerprint"] == BOOKING_V1, waiting
+    assert waiting and waiting[-1]["version"] == BOOKING_LABEL and waiting[-1]["fingerprint"] == BOOKING_NOW, waiting
     by_version = concierge(stack, "runs", "--by-version", "--json")
     assert by_version.returncode == 0, by_version.stderr
     rows = {row["version"]: row for row in json.loads(by_version.stdout)}
-    assert booking_id in rows["booking@1"]["waiting"], rows
+    assert booking_id in rows[BOOKING_LABEL]["waiting"], rows
     checked = verify(stack)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "wait for graph version booking@1" in checked.stdout, checked.stdout
+    assert f"wait for graph version {BOOKING_LABEL}" in checked.stdout, checked.stdout
 
 
 def assert_new_code_books_on_its_own_shape(stack: Stack, fingerprint: str, days_ahead: int) -> None:
@@ -284,7 +289,7 @@ def assert_new_code_books_on_its_own_shape(stack: Stack, fingerprint: str, days_
 def assert_finished_once(stack: Stack, booking_id: str) -> None:
     assert_confirmed_exactly_once(stack, booking_id)
     record = run_record(stack, booking_id)
-    assert record["status"] == "done" and record["version"] == BOOKING_V1, record
+    assert record["status"] == "done" and record["version"] == BOOKING_NOW, record
     assert Counter(e["kind"] for e in events(stack, booking_id))["confirmed"] == 1
     checked = verify(stack)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -296,7 +301,7 @@ def test_a_renamed_step_deployed_after_kill_9_waits_and_a_rollback_finishes_it_o
 ) -> None:
     code = new_code(renamed={"charge": "capture"})
     new_version = fingerprint_of(code)
-    assert new_version != BOOKING_V1 == fingerprint_of(None), "the rename is a new version"
+    assert new_version != BOOKING_NOW == fingerprint_of(None), "the rename is a new version"
     booking_id = park_mid_charge(stack, days_ahead=301)
 
     restart(stack, code, stop="kill")
@@ -312,7 +317,7 @@ def test_an_added_step_deployed_after_a_sigterm_handoff_waits_and_a_rollback_fin
     stack: Stack, new_code: Copy
 ) -> None:
     code = new_code(added=["verify"])
-    assert fingerprint_of(code) != BOOKING_V1
+    assert fingerprint_of(code) != BOOKING_NOW
     booking_id = park_mid_charge(stack, days_ahead=303)
 
     restart(stack, code, stop="sigterm")
@@ -326,9 +331,9 @@ def test_an_added_step_deployed_after_a_sigterm_handoff_waits_and_a_rollback_fin
 def test_a_renamed_step_deployed_with_its_migration_is_migrated_and_finished_once_on_the_new_code(
     stack: Stack, new_code: Copy
 ) -> None:
-    code = new_code(renamed={"charge": "capture"}, migrate=BOOKING_V1)
+    code = new_code(renamed={"charge": "capture"}, migrate=BOOKING_NOW)
     new_version = fingerprint_of(code)
-    assert new_version != BOOKING_V1
+    assert new_version != BOOKING_NOW
     booking_id = park_mid_charge(stack, days_ahead=306)
 
     restart(stack, code, stop="kill")
@@ -340,7 +345,7 @@ def test_a_renamed_step_deployed_with_its_migration_is_migrated_and_finished_onc
     kinds = Counter(e["kind"] for e in events(stack, booking_id))
     assert kinds["migrated"] == 1 and kinds["confirmed"] == 1 and kinds["waiting_for_version"] == 0, kinds
     moved = next(e for e in events(stack, booking_id) if e["kind"] == "migrated")
-    assert moved["from"] == "booking@1" and moved["to"] == f"booking@{new_version}", moved
+    assert moved["from"] == BOOKING_LABEL and moved["to"] == f"booking@{new_version}", moved
     checked = verify(stack)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "wait for graph version" not in checked.stdout, checked.stdout
@@ -350,7 +355,7 @@ def test_a_renamed_state_key_deployed_with_the_old_builder_kept_finishes_it_once
     stack: Stack, new_code: Copy
 ) -> None:
     code = new_code(key="hotel_name->hotel_label", keep=True)
-    assert fingerprint_of(code) != BOOKING_V1
+    assert fingerprint_of(code) != BOOKING_NOW
     booking_id = park_mid_charge(stack, days_ahead=304)
 
     restart(stack, code, stop="kill")
@@ -377,7 +382,7 @@ def test_a_turn_parked_at_its_approval_deployed_with_another_graph_waits_and_boo
     stack: Stack, new_code: Copy
 ) -> None:
     code = new_code(concierge=True)
-    assert fingerprint_of(code, "concierge") != CONCIERGE_V1 == fingerprint_of(None, "concierge")
+    assert fingerprint_of(code, "concierge") != CONCIERGE_NOW == fingerprint_of(None, "concierge")
     created = stack.http.post(chat_url(stack, "/chats"))
     assert created.status_code == 201, created.text
     chat_id = created.json()["chat_id"]
@@ -399,11 +404,11 @@ def test_a_turn_parked_at_its_approval_deployed_with_another_graph_waits_and_boo
     assert decided.status_code == 202, decided.text  # the decision is kept; the turn waits for its graph
 
     record = wait_run(stack, chat_id, "awaiting_version")
-    assert record["version"] == CONCIERGE_V1, record
+    assert record["version"] == CONCIERGE_NOW, record
     assert chat_view(stack, chat_id)["bookings"] == [], "nothing booked on the other graph"
     assert len(stack.ledger("payment-api")["charges"]) == charges_before, "nothing charged"
     checked = verify(stack)
-    assert checked.returncode == 0 and "wait for graph version concierge@1" in checked.stdout, checked.stdout
+    assert checked.returncode == 0 and f"wait for graph version {CONCIERGE_LABEL}" in checked.stdout, checked.stdout
 
     restart(stack, None, services=("recovery-worker", "concierge-agent"))  # the rollback
     deadline = time.monotonic() + RECOVERY_TIMEOUT_S
@@ -415,6 +420,6 @@ def test_a_turn_parked_at_its_approval_deployed_with_another_graph_waits_and_boo
     charges = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == booking["booking_id"]]
     assert [c["status"] for c in charges] == ["captured"], charges
     record = run_record(stack, chat_id)
-    assert record["status"] == "done" and record["version"] == CONCIERGE_V1, record
+    assert record["status"] == "done" and record["version"] == CONCIERGE_NOW, record
     checked = verify(stack)
     assert checked.returncode == 0 and "wait for graph version" not in checked.stdout, checked.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -372,6 +373,7 @@ def test_concierge_book_tells_the_recovery_story_and_show_and_bookings_print_it(
     assert booking.returncode == 0, output
     booking_id = output.split()[1].rstrip(":")
     assert output.strip().splitlines()[-1].startswith("confirmed:"), output
+    assert "free cancellation until" in output.strip().splitlines()[-1], output
     for status in ("pending", "searching", "reserving", "paying", "confirming", "confirmed"):
         assert f"s  {status}\n" in output, (status, output)
     # presence (on by default) notices the closed connection before the lease could expire
@@ -382,6 +384,9 @@ def test_concierge_book_tells_the_recovery_story_and_show_and_bookings_print_it(
     assert shown.returncode == 0, shown.stderr
     assert "owner_lost" in shown.stdout and "resumed" in shown.stdout
     assert shown.stdout.strip().splitlines()[-1].split()[2] == "confirmed", shown.stdout
+    assert re.search(r"^  free cancellation until \d{4}-\d\d-\d\d 00:00 UTC, then a fee of", shown.stdout, re.M), (
+        shown.stdout
+    )
 
     listed = concierge(stack, "bookings", "--status", "confirmed", "--limit", "200")
     assert listed.returncode == 0 and booking_id in listed.stdout, listed.stdout + listed.stderr

@@ -6,7 +6,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from domain.cancellation import CancellationPolicy, CancellationRefusedError, cancellation_fee
+from domain.cancellation import CancellationPolicy, CancellationRefusedError, cancellation_fee, describe_cancellation
 
 CHECKIN = date(2031, 3, 10)
 POLICY = CancellationPolicy.for_stay(CHECKIN, 95.555, "EUR")
@@ -58,3 +58,12 @@ def test_once_the_stay_started_or_on_a_non_refundable_rate_nothing_is_cancelled(
 def test_a_policy_that_is_not_one_is_a_value_error_naming_it(wire: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="cancellation"):
         CancellationPolicy.from_wire(wire, CHECKIN)
+
+
+def test_the_policy_in_words() -> None:
+    assert describe_cancellation(POLICY.to_wire()) == (
+        "free cancellation until 2031-03-08 00:00 UTC, then a fee of 95.56 EUR until check-in"
+    )
+    strict = CancellationPolicy.for_stay(CHECKIN, 95.0, "EUR", refundable=False)
+    assert describe_cancellation(strict.to_wire()) == "non-refundable: it cannot be cancelled"
+    assert describe_cancellation(None) == describe_cancellation({"fee": 1}) == "no cancellation policy recorded"
