@@ -98,8 +98,17 @@ def classify(exc: BaseException, model: str) -> ModelError | None:
         return ModelBadRequestError(message, **kwargs)
     if isinstance(exc, ContextOverflowError):  # langchain-openai's in-stream variant has no status
         return ModelContextTooLongError(f"{model}: {exc}", model=model, status=400)
-    if isinstance(exc, httpx.TimeoutException) or (loaded is not None and isinstance(exc, loaded.APITimeoutError)):
+    if isinstance(exc, _transport("TimeoutException")) or (
+        loaded is not None and isinstance(exc, loaded.APITimeoutError)
+    ):
         return ModelTimeoutError(f"{model}: the model did not answer in time ({exc})", model=model)
-    if isinstance(exc, httpx.TransportError) or (loaded is not None and isinstance(exc, loaded.APIError)):
+    if isinstance(exc, _transport("TransportError")) or (loaded is not None and isinstance(exc, loaded.APIError)):
         return ModelUnavailableError(f"{model}: {type(exc).__name__}: {exc}", model=model)
     return None
+
+
+def _transport(name: str) -> tuple[type[BaseException], ...]:
+    """httpx's exception class ``name``, and httpx2's when it is loaded: openai ≥ 3.63 reads its streams with httpx2,
+    whose errors (a stream cut mid-answer) reach us unwrapped."""
+    modules = (httpx, sys.modules.get("httpx2"))
+    return tuple(getattr(module, name) for module in modules if module is not None and hasattr(module, name))

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import httpx
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.runnables import Runnable
 from pydantic import SecretStr
@@ -197,6 +196,7 @@ class _Endpoint:
         """Built at the first call: ``langchain_openai`` (and ``openai``) cost a second of import on a 2-core
         machine, which a service's start-up (and the recovery worker's, which may never resume a chat) need not pay."""
         if self._chat is None:
+            import openai
             from langchain_openai import ChatOpenAI
 
             self._chat = ChatOpenAI(
@@ -204,7 +204,10 @@ class _Endpoint:
                 base_url=self.base_url,
                 api_key=SecretStr(self._api_key),
                 max_retries=0,  # the policy's retry loop is the only one
-                timeout=httpx.Timeout(self.limits.call_s, connect=min(5.0, self.limits.call_s)),
+                # the SDK's own Timeout class (httpx2's since openai 3): an ``httpx.Timeout`` is refused by
+                # openai ≥ 3.63, failing every call. Unhashable on purpose: a hashable timeout (a tuple) makes
+                # langchain-openai share one cached client between models, and our ``aclose`` would close it
+                timeout=openai.Timeout(self.limits.call_s, connect=min(5.0, self.limits.call_s)),
                 stream_usage=True,
                 include_response_headers=True,
             )
