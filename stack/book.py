@@ -239,12 +239,18 @@ def _follow_story(client: _Client, booking_id: str, started: float, timeout: flo
                 if response.status_code in (404, 405) and last_id is None:
                     return False
                 if response.status_code == 200:
+                    problem = f"{url} ended the stream early"
                     for entry in sse_entries(response.iter_lines()):
-                        last_id = str(entry.get("id"))
+                        if entry.get("id") is None:
+                            # not a journal entry: the server's last word (``shutting_down``: reconnect elsewhere)
+                            error = entry.get("error")
+                            code = error.get("code") if isinstance(error, dict) else None
+                            problem = f"{url} ended the stream early ({code or 'no entry id'})"
+                            break
+                        last_id = str(entry["id"])
                         _tell(entry, client.started_at, shown)
                         if is_final(entry):
                             return True
-                    problem = f"{url} ended the stream early"
                 else:
                     problem = f"{url} answered {response.status_code}"
         except httpx.TransportError as exc:
