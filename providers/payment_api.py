@@ -24,9 +24,10 @@ import uuid
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Response
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
+from domain.booking import to_cents
 from infra.clients.wire import provider_error
 from infra.service import get_redis
 from infra.service.openapi import answers
@@ -137,15 +138,8 @@ class ChargeRequest(BaseModel):
 
 
 class RefundRequest(BaseModel):
-    amount: float | None = Field(None, gt=0, le=MAX_AMOUNT, allow_inf_nan=False)
-    """What to refund, in whole cents; ``None``: whatever is left of the capture."""
-
-    @field_validator("amount")
-    @classmethod
-    def _whole_cents(cls, amount: float | None) -> float | None:
-        if amount is not None and abs(amount * 100 - round(amount * 100)) > 1e-6:
-            raise ValueError("an amount is in whole cents (at most two decimals)")
-        return amount
+    amount: float | None = Field(None, ge=0.01, le=MAX_AMOUNT, allow_inf_nan=False)
+    """What to refund, rounded to the nearest cent (at least one); ``None``: whatever is left of the capture."""
 
 
 # ----------------------------------------------------------------------- OpenAPI documentation (changes nothing)
@@ -270,7 +264,7 @@ async def refund_charge(
         keys=[_charge_key(payment_id), _refunds_key(), _charge_refunds_key(payment_id)],
         args=[
             json.dumps(provider_error("charge_not_found", payment_id=payment_id)),
-            "" if amount is None else str(round(amount * 100)),
+            "" if amount is None else str(to_cents(amount)),
             f"re_{uuid.uuid4().hex}",
             time.time(),
         ],

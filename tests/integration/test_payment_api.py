@@ -195,6 +195,7 @@ async def test_a_refund_of_an_amount_leaves_the_rest_and_a_second_one_what_is_le
     assert (replayed.json(), replayed.headers.get("Idempotent-Replayed")) == (body, "true"), "the same refund"
     assert (await refund(api, pid, 200, key="part-1")).status_code == 422, "a key names one refund"
 
+    assert (await refund(api, pid, 0.004999, key="tiny")).status_code == 422, "less than a cent"
     too_much = await refund(api, pid, 140.26)
     assert too_much.status_code == 409 and too_much.json()["error"] == "refund_exceeds_capture"
     assert too_much.json()["left"] == 140.25
@@ -210,7 +211,7 @@ async def test_a_refund_of_an_amount_leaves_the_rest_and_a_second_one_what_is_le
     assert set(listed["refunds"][0]) == {"refund_id", "payment_id", "reference", "amount", "currency"}
 
 
-@pytest.mark.parametrize(("amount", "why"), [(0, "greater than 0"), (-5, "greater than 0"), (1.005, "whole cents")])
+@pytest.mark.parametrize(("amount", "why"), [(0, "0.01"), (-5, "0.01"), (0.004, "0.01"), (2_000_000, "less than")])
 async def test_a_refund_amount_is_validated(api: httpx.AsyncClient, amount: float, why: str) -> None:
     pid = (await charge(api, charge_body())).json()["payment_id"]
     response = await refund(api, pid, amount)
