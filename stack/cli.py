@@ -126,6 +126,7 @@ _COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "kill": ("stack.ops", "register_kill"),
     "stop": ("stack.ops", "register_stop"),
     "start": ("stack.ops", "register_start"),
+    "restart": ("stack.restart", "register_restart"),
     "fault": ("stack.ops", "register_fault"),
     "dlq": ("stack.dlq", "register_dlq"),
     "recovery": ("stack.dlq", "register_recovery"),

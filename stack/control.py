@@ -1,6 +1,6 @@
 """The supervisor's control socket: one JSON line in, one JSON line out, per connection.
 
-Requests: ``{"op": "ping"|"status"|"kill"|"stop"|"start"|"down", ...}``; answers ``{"ok": true, ...}`` or
+Requests: ``{"op": "ping"|"status"|"kill"|"stop"|"start"|"restart"|"down", ...}``; answers ``{"ok": true, ...}`` or
 ``{"ok": false, "error": "<one line>"}``. A Unix socket in the data directory (mode 0600): whoever may read the
 stack's files may drive it, nobody else.
 """
