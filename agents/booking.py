@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Final
 
 from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
@@ -59,6 +59,14 @@ from domain.booking import (
     check_checkin,
     check_nights,
     parse_iso_date,
+    to_cents,
+)
+from domain.cancellation import (
+    CancelInProgressError,
+    CancellationPolicy,
+    CancellationRefusedError,
+    RefundQuote,
+    quote_refund,
 )
 from graph.booking import (
     BOOKING_GRAPH,
@@ -69,10 +77,17 @@ from graph.booking import (
     build_booking_graph,
     open_booking_deps,
 )
+from graph.cancellation import (
+    CANCELLATION_GRAPH,
+    build_cancellation_graph,
+    cancel_thread_id,
+    cancellation_input,
+    cancellation_is_final,
+)
 from infra.a2a.errors import SkillFailure
 from infra.a2a.server import Skill, current_caller, current_person, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
-from infra.bookings import BookingStore, CancelOutcome
+from infra.bookings import AfterSaleCancel, BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.clients.wire import Cancellation
 from infra.error_table import answer_for, answer_response
@@ -233,6 +248,12 @@ class BookingError(BaseModel):
     allowed_currency: str | None = Field(None, description="`price_changed`: the request's `currency`.")
 
 
+class RefundView(BaseModel):
+    amount: float
+    fee: float
+    currency: str
+
+
 class BookingView(BaseModel):
     """``GET /bookings/{id}`` (documentation only: the route answers the stored record's public view)."""
 
@@ -252,6 +273,11 @@ class BookingView(BaseModel):
     payment_id: str | None
     cancellation: Cancellation | None = None
     """The stay's cancellation policy as the hotel held it: free until ``free_until``, then ``fee`` (docs/cancel.md)."""
+    refund: RefundView | None = None
+    """A confirmed booking cancelled (``cancelling``, then ``cancelled``): what its policy gives back, fixed when the
+    cancel was accepted: ``amount`` = total − ``fee``."""
+    cancel_error: BookingError | None = None
+    """Why the last cancel of the confirmed booking did not happen (the hotel refused it): it stays ``confirmed``."""
     error: BookingError | None
     """Why a ``failed`` booking failed (an ``ErrorCode``)."""
     cancel_requested_at: str | None = None
@@ -272,8 +298,11 @@ class BookingService:
         instance: str,
         slots: Bulkhead,
         door: FixedDoor | None = None,
+        cancellation: Any = None,
     ) -> None:
         self.deps = deps
+        self.cancellation = cancellation
+        """The graph that cancels a confirmed booking (``graph.cancellation``); ``None``: this process does not."""
         self.bookings: BookingStore = deps.bookings
         self.graph = graph
         self.version = None if graph is None else graph_fingerprint(graph)
@@ -409,6 +438,47 @@ class BookingService:
             else:
                 slot.discard()
 
+    async def cancel_confirmed(
+        self, booking: dict[str, Any], max_fee: float | None
+    ) -> tuple[AfterSaleCancel, dict[str, Any] | None]:
+        """Cancel a confirmed booking under its policy: the refund quoted now (``CancellationRefusedError``,
+        ``FeeExceedsLimitError``), its run recorded, the booking ``cancelling``, the run started here.
+
+        Returns whether this call started it and the refund in force. The run record comes first, with the refund
+        in its input: if this process dies before the booking shows ``cancelling``, its recovery makes it so.
+        """
+        booking_id = str(booking["booking_id"])
+        if self.cancellation is None:
+            raise RuntimeError("this process runs no cancellation graph")
+        wire = booking.get("cancellation")
+        if not isinstance(wire, dict):
+            raise CancellationRefusedError(
+                "not_refundable", f"booking {booking_id} has no cancellation policy recorded"
+            )
+        policy = CancellationPolicy.from_wire(wire, parse_iso_date(booking["checkin"]))
+        quote = quote_refund(policy, float(booking["total_price"]), datetime.now(UTC), max_fee=max_fee)
+        thread_id = _next_cancel_thread(booking_id, await self.bookings.cancel_thread(booking_id))
+        run_input = dict(cancellation_input(booking, quote.to_wire()))
+        version = graph_fingerprint(self.cancellation)
+        lease = await self.runs.create(thread_id, CANCELLATION_GRAPH, run_input, self.instance, version=version)
+        outcome, refund = await self.bookings.begin_cancel(booking_id, quote.to_wire(), thread_id)
+        if lease is not None:  # whoever recorded the run runs it; the booking names it (``begin_cancel``)
+            task = asyncio.create_task(self._run_cancel(lease, run_input), name=f"cancel:{thread_id}")
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        return outcome, refund if isinstance(refund, dict) else None
+
+    async def _run_cancel(self, lease: Any, run_input: dict[str, Any]) -> None:
+        await execute_run(
+            self.cancellation,
+            lease,
+            run_input,
+            budget_s=get_settings().booking_budget_s,
+            stop=self.stopping,
+            hand_off=self.guard.safe_enqueue,
+            is_final=cancellation_is_final,
+        )
+
     async def drain(self) -> None:
         """SIGTERM: cancel each run's current step, hand the runs to recovery, then return."""
         self.stopping.set()
@@ -435,7 +505,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 max_concurrent=max_in_flight(settings), timeout=settings.booking_budget_s, acquire_timeout=0
             ),
         )
-        service = BookingService(deps, graph, RunStore(redis), guard, instance, slots, open_door(settings, slots))
+        service = BookingService(
+            deps,
+            graph,
+            RunStore(redis),
+            guard,
+            instance,
+            slots,
+            open_door(settings, slots),
+            cancellation=build_cancellation_graph(deps, saver),
+        )
         app.state.booking = service
         app.state.vitals.runs_in_flight = lambda: len(service.tasks)
         # SIGTERM (the shell's ``stopping``): runs stop at their next step boundary, long-polls answer at once
@@ -767,15 +846,43 @@ async def _entries(
         await asyncio.sleep(FOLLOW_POLL_S)
 
 
+class CancelRequest(BaseModel):
+    """``POST /bookings/{id}/cancel``'s optional body: the most the cancel of a confirmed stay may cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_fee: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOTAL_PRICE,
+        description="A confirmed booking's cancel is refused (409 `fee_exceeds_limit`, nothing changed) when its fee "
+        "now is above this: the fee rises as the clock passes `free_until`. Ignored for a booking in flight.",
+    )
+
+
+def _next_cancel_thread(booking_id: str, previous: str | None) -> str:
+    """The run of a new cancel: ``<id>:cancel``, then ``<id>:cancel2``... after a cancel the hotel refused."""
+    if previous is None:
+        return cancel_thread_id(booking_id)
+    number = previous.removeprefix(cancel_thread_id(booking_id))
+    return f"{cancel_thread_id(booking_id)}{int(number or 1) + 1}"
+
+
 @app.post(
     "/bookings/{booking_id}/cancel",
     status_code=202,
     responses={
-        200: {"model": BookingView, "description": "Already `cancelled`: nothing changed."},
+        200: {
+            "model": BookingView,
+            "description": "Already `cancelled`, or being cancelled by an earlier cancel of the confirmed stay on "
+            "terms this one allows (`refund` says them): nothing changed.",
+        },
         202: {
             "model": BookingView,
-            "description": "Cancel recorded (now, or by an earlier cancel): the run stops at its next step boundary, "
-            "releases the hold, refunds anything captured and ends `cancelled`.",
+            "description": "Cancel recorded. In flight: the run stops at its next step boundary, releases the hold, "
+            "refunds anything captured and ends `cancelled`. Confirmed: `cancelling` with `refund` {amount, fee, "
+            "currency} under its policy; the hotel cancels the stay, `amount` (total − fee) is refunded, and it "
+            "ends `cancelled` (or `confirmed` again, `cancel_error` saying why, when the hotel refused).",
         },
         **answers(
             detail(404, description="No booking with this id (or another person's)."),
@@ -783,31 +890,72 @@ async def _entries(
             error(
                 409,
                 ErrorCode.ALREADY_FINAL,
-                description="The booking is `confirmed` or `failed`, or being confirmed (its confirm was sent): "
-                "nothing changed.",
+                description="The booking is `failed`, or being confirmed (its confirm was sent): nothing changed.",
+            ),
+            error(409, ErrorCode.STAY_STARTED, description="The confirmed stay has started: nothing changed."),
+            error(409, ErrorCode.NOT_REFUNDABLE, description="A non-refundable rate: nothing changed."),
+            error(
+                409,
+                ErrorCode.FEE_EXCEEDS_LIMIT,
+                description="Its fee now is above `max_fee` (`fee`, `max_fee`, `currency`): nothing changed.",
+            ),
+            error(
+                409,
+                ErrorCode.CANCEL_IN_PROGRESS,
+                description="Another cancel of the confirmed stay won with a fee above this `max_fee`: it goes on.",
             ),
         ),
     },
 )
-async def cancel_booking(booking_id: BookingId, response: Response, who: Who) -> dict[str, Any]:
+async def cancel_booking(
+    booking_id: BookingId, response: Response, who: Who, body: CancelRequest | None = None
+) -> dict[str, Any]:
     store: BookingStore = app.state.booking.bookings
     await _visible(store, booking_id, who)
-    return await _cancel(store, booking_id, response)
+    return await _cancel(store, booking_id, response, None if body is None else body.max_fee)
 
 
-async def _cancel(store: BookingStore, booking_id: str, response: Response) -> dict[str, Any]:
+async def _cancel(store: BookingStore, booking_id: str, response: Response, max_fee: float | None) -> dict[str, Any]:
+    status = await store.status(booking_id)
+    if status in (BookingStatus.CONFIRMED, BookingStatus.CANCELLING) or (
+        status == BookingStatus.CANCELLED and await store.cancel_thread(booking_id) is not None
+    ):
+        return await _cancel_confirmed(store, booking_id, response, max_fee)
     outcome, status = await store.request_cancel(booking_id)
     if outcome is CancelOutcome.UNKNOWN:
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
     if outcome is CancelOutcome.TOO_LATE:
-        final = status in (BookingStatus.CONFIRMED, BookingStatus.FAILED)
-        why = f"is {status}" if final else "had its confirm sent"
+        if status == BookingStatus.CONFIRMED:  # confirmed in between: cancelled as a confirmed stay
+            return await _cancel_confirmed(store, booking_id, response, max_fee)
+        why = f"is {status}" if status == BookingStatus.FAILED else "had its confirm sent"
         raise BookingFinalError(booking_id, str(status), f"booking {booking_id} {why}: it can no longer be cancelled")
     booking = await store.get(booking_id)
     if booking is None:  # expired in between
         raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
     if outcome is CancelOutcome.CANCELLED:
         response.status_code = 200
+    return booking
+
+
+async def _cancel_confirmed(
+    store: BookingStore, booking_id: str, response: Response, max_fee: float | None
+) -> dict[str, Any]:
+    """A confirmed stay: started here (202), or found started by an earlier cancel (200, or 409 on other terms)."""
+    booking = await store.get(booking_id)
+    if booking is None:
+        raise HTTPException(status_code=404, detail=f"no booking {booking_id}")
+    if booking["status"] == BookingStatus.CONFIRMED:
+        outcome, _refund = await app.state.booking.cancel_confirmed(booking, max_fee)
+        booking = await store.get(booking_id) or booking
+        if outcome is AfterSaleCancel.STARTED:
+            return booking
+    refund = booking.get("refund") or {}
+    if booking["status"] not in (BookingStatus.CANCELLING, BookingStatus.CANCELLED) or not refund:
+        raise BookingFinalError(booking_id, str(booking["status"]), f"booking {booking_id} is {booking['status']}")
+    quote = RefundQuote.from_wire(refund)
+    if max_fee is not None and to_cents(quote.fee) > to_cents(max_fee):
+        raise CancelInProgressError(booking_id, quote.fee, quote.currency)
+    response.status_code = 200
     return booking
 
 
@@ -857,7 +1005,10 @@ async def cancel_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
     exists, owner = await store.owner(booking_id)
     if not exists or owner != _person_acted_for():
         raise SkillFailure(ErrorCode.NOT_FOUND, f"no booking {booking_id}")
-    return await _cancel(store, booking_id, Response())
+    max_fee = data.get("max_fee")
+    if max_fee is not None and (not isinstance(max_fee, int | float) or isinstance(max_fee, bool) or max_fee < 0):
+        raise SkillFailure(ErrorCode.INVALID_REQUEST, "max_fee: a number of at least 0")
+    return await _cancel(store, booking_id, Response(), None if max_fee is None else float(max_fee))
 
 
 PERSON_ACTORS: frozenset[str] = frozenset({"concierge-agent", "recovery-worker"})

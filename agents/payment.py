@@ -1,14 +1,16 @@
 """payment-agent: charges and refunds through payment-api.
 
 A2A skills ``charge_payment`` ({amount, currency, payment_token, reference} → {payment_id, status, ...}) and
-``refund_payment`` ({reference, payment_id?} → {refunded: [...]}) run the payment graph inside the
+``refund_payment`` ({reference, payment_id?} → {refunded: [...]}) and ``refund_cancellation`` ({reference} →
+{refunded, amount, refund_id}) run the payment graph inside the
 ``payment_agent`` bulkhead, with a checkpointer and ``durability="sync"``. The thread id comes from the booking
 reference, so a repeated call (a retry, a recovered booking) lands on the same idempotency keys: one charge, ever.
 
 Money moves only for the right caller: both skills answer ``forbidden`` to any service but booking-agent and the
 recovery worker (``MONEY_CALLERS``, checked by the A2A server from the caller's verified token), and a refund needs
 a reference whose booking exists and is not ``confirmed`` (read from the booking records, never written here): a
-confirmed stay keeps its charge whoever asks.
+confirmed stay keeps its charge whoever asks. A cancelled confirmed stay gets back what its record says, never what
+a caller names: ``refund_cancellation`` takes the amount and the charge from the booking, while it is ``cancelling``.
 """
 
 from __future__ import annotations
@@ -128,6 +130,25 @@ async def refund_payment(data: dict[str, Any]) -> dict[str, Any]:
     return {"refunded": result.get("refunded", []), "reference": reference}
 
 
+async def refund_cancellation(data: dict[str, Any]) -> dict[str, Any]:
+    """Give back ``refund.amount`` (total − fee) of a confirmed booking being cancelled, on its own charge."""
+    reference = _require(data, "reference", str)
+    booking = await app.state.bookings.get(reference)
+    if booking is None:
+        raise SkillFailure(ErrorCode.FORBIDDEN, f"no booking {reference!r}: nothing to refund for it")
+    refund, payment_id = booking.get("refund"), booking.get("payment_id")
+    if booking["status"] not in (BookingStatus.CANCELLING, BookingStatus.CANCELLED) or not refund or not payment_id:
+        raise SkillFailure(ErrorCode.FORBIDDEN, f"booking {reference!r} is not a confirmed stay being cancelled")
+    state = {"reference": reference, "payment_id": payment_id, "amount": float(refund["amount"])}
+    result = await _run("cancel_refund", state)
+    return {
+        "reference": reference,
+        "refunded": result.get("refunded", []),
+        "amount": state["amount"],
+        "refund_id": result.get("refund_id"),
+    }
+
+
 mount_a2a(
     app,
     name=SERVICE,
@@ -152,6 +173,16 @@ mount_a2a(
             tags=("payment",),
             callers=MONEY_CALLERS,
             inputs=("reference", "payment_id?"),
+        ),
+        Skill(
+            id="refund_cancellation",
+            name="Refund a cancelled stay",
+            description="Refund what the cancelled confirmed booking {reference} gives back under its policy "
+            "(total − fee, as its record says), on its charge; only while it is cancelling.",
+            handler=refund_cancellation,
+            tags=("payment",),
+            callers=MONEY_CALLERS,
+            inputs=("reference",),
         ),
     ],
     bulkhead="payment_agent",

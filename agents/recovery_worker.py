@@ -52,6 +52,13 @@ from graph.booking import (
     booking_is_final,
     open_booking_deps,
 )
+from graph.cancellation import (
+    CANCELLATION_BUILDERS,
+    CANCELLATION_GRAPH,
+    CANCELLATION_MIGRATIONS,
+    cancellation_give_up,
+    cancellation_is_final,
+)
 from graph.concierge import (
     CONCIERGE_BUILDERS,
     CONCIERGE_GRAPH,
@@ -81,6 +88,7 @@ __all__ = [
     "RecoveryWorker",
     "app",
     "booking_recovery",
+    "cancellation_recovery",
     "concierge_recovery",
     "install_queue_metrics",
 ]
@@ -137,6 +145,19 @@ def booking_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: Bo
         promised_until=promised_until,
         is_final=booking_is_final,
         committed=committed,
+    )
+
+
+def cancellation_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: BookingStore) -> RecoverableGraph:
+    """How the consumer resumes the cancel of a confirmed booking: the booking made ``cancelling`` first (its agent
+    may have died between the run record and that write), then forward; never steered when given up on."""
+
+    async def prepare(record: RunRecord) -> None:
+        booking_id = str(record.input["booking_id"])
+        await bookings.begin_cancel(booking_id, record.input["refund"], record.thread_id)  # idempotent
+
+    return RecoverableGraph(
+        graph=graph, give_up_update=cancellation_give_up, prepare=prepare, is_final=cancellation_is_final
     )
 
 
@@ -312,9 +333,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # every version this code runs, current first (which takes runs of the shapes it migrates from)
         booking = [booking_recovery(build(deps, saver), deps.bookings) for build in BOOKING_BUILDERS]
         concierge = [concierge_recovery(build(concierge_deps, saver)) for build in CONCIERGE_BUILDERS]
+        cancels = [cancellation_recovery(build(deps, saver), deps.bookings) for build in CANCELLATION_BUILDERS]
         graphs = {
             BOOKING_GRAPH: [replace(booking[0], migrations=BOOKING_MIGRATIONS), *booking[1:]],
             CONCIERGE_GRAPH: [replace(concierge[0], migrations=CONCIERGE_MIGRATIONS), *concierge[1:]],
+            CANCELLATION_GRAPH: [replace(cancels[0], migrations=CANCELLATION_MIGRATIONS), *cancels[1:]],
         }
         worker = RecoveryWorker.for_graphs(redis, graphs, consumer_id=instance)
         app.state.recovery = worker

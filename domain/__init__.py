@@ -26,7 +26,16 @@ from domain.booking import (
     rooms_for,
     validate_stay,
 )
-from domain.cancellation import CancellationPolicy, CancellationRefusedError, cancellation_fee, describe_cancellation
+from domain.cancellation import (
+    CancelInProgressError,
+    CancellationPolicy,
+    CancellationRefusedError,
+    FeeExceedsLimitError,
+    RefundQuote,
+    cancellation_fee,
+    describe_cancellation,
+    quote_refund,
+)
 from domain.cities import CITY_ALIASES, canonical_city, city_key
 from domain.llm import (
     BOOK_HOTEL,
@@ -60,11 +69,14 @@ __all__ = [
     "TOOL_NAMES",
     "BookingFinalError",
     "BookingStatus",
+    "CancelInProgressError",
     "CancellationPolicy",
     "CancellationRefusedError",
     "ErrorCode",
+    "FeeExceedsLimitError",
     "InvalidStayError",
     "JournalKind",
+    "RefundQuote",
     "cancellation_fee",
     "canonical_city",
     "check_checkin",
@@ -74,6 +86,7 @@ __all__ = [
     "describe_cancellation",
     "nights_between",
     "parse_iso_date",
+    "quote_refund",
     "rooms_for",
     "validate_stay",
 ]

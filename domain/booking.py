@@ -197,7 +197,10 @@ class BookingStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     """Final: cancelled on request (``POST /bookings/{id}/cancel``), after the compensation released the hold and
-    refunded anything captured."""
+    refunded anything captured; or, after it was confirmed, once the hotel cancelled the stay and ``refund`` is back."""
+    CANCELLING = "cancelling"
+    """A confirmed booking being cancelled (its own run, ``graph.cancellation``): the stay cancelled at the hotel,
+    then ``total − fee`` refunded; it ends ``cancelled``, or ``confirmed`` again (saying why) when the hotel refused."""
 
     @property
     def is_final(self) -> bool:
@@ -259,6 +262,14 @@ class JournalKind(StrEnum):
     the graph declares (``graph.migrations``); it resumes on that one."""
     COMPENSATION = "compensation"
     CANCEL_REQUESTED = "cancel_requested"
+    CANCEL_ACCEPTED = "cancel_accepted"
+    """A confirmed booking's cancel accepted: ``refund``, ``fee``, ``currency`` (what its policy gives back now)."""
+    STAY_CANCELLED = "stay_cancelled"
+    """hotel-api cancelled the confirmed reservation (its rooms given back): the refund follows, whatever happens."""
+    REFUNDED = "refunded"
+    """payment-api refunded ``amount`` on the original charge (``payment_id``); none when the fee took it all."""
+    CANCEL_FAILED = "cancel_failed"
+    """The hotel refused to cancel (or could not be reached in time): the booking stays ``confirmed`` (``code``)."""
     CONFIRMED = "confirmed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -301,6 +312,14 @@ class ErrorCode(StrEnum):
     """This process is stopping and takes nothing new: send it again (a replica, or after the restart)."""
     ALREADY_FINAL = "already_final"
     """A cancel of a booking that is final already (or being confirmed): nothing changed."""
+    STAY_STARTED = "stay_started"
+    """A cancel of a confirmed stay on or after its check-in date: nothing changed."""
+    NOT_REFUNDABLE = "not_refundable"
+    """A cancel of a confirmed stay at a non-refundable rate: nothing changed."""
+    FEE_EXCEEDS_LIMIT = "fee_exceeds_limit"
+    """A cancel whose fee now is above the ``max_fee`` it allowed (the clock passed ``free_until``): nothing changed."""
+    CANCEL_IN_PROGRESS = "cancel_in_progress"
+    """Another cancel of the booking won, on terms this one did not allow: it goes on; this one changed nothing."""
     INVALID_HEADER = "invalid_header"
     HOST_NOT_ALLOWED = "host_not_allowed"
     """The request's ``Host`` is not a name of this service (a DNS-rebinding page, or a name to allow)."""
@@ -368,6 +387,10 @@ _HTTP_STATUS: Final = {
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.ALREADY_FINAL: 409,
+    ErrorCode.STAY_STARTED: 409,
+    ErrorCode.NOT_REFUNDABLE: 409,
+    ErrorCode.FEE_EXCEEDS_LIMIT: 409,
+    ErrorCode.CANCEL_IN_PROGRESS: 409,
     ErrorCode.INVALID_HEADER: 400,
     ErrorCode.HOST_NOT_ALLOWED: 421,
     ErrorCode.BODY_TOO_LARGE: 413,

@@ -17,10 +17,14 @@ from domain.booking import to_cents
 
 __all__ = [
     "FREE_CANCELLATION_HOURS",
+    "CancelInProgressError",
     "CancellationPolicy",
     "CancellationRefusedError",
+    "FeeExceedsLimitError",
+    "RefundQuote",
     "cancellation_fee",
     "describe_cancellation",
+    "quote_refund",
 ]
 
 FREE_CANCELLATION_HOURS: Final = 48
@@ -34,6 +38,47 @@ class CancellationRefusedError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class FeeExceedsLimitError(Exception):
+    """The fee of cancelling now is above the ``max_fee`` the caller allowed: nothing is cancelled."""
+
+    def __init__(self, fee: float, max_fee: float, currency: str) -> None:
+        self.fee = fee
+        self.max_fee = max_fee
+        self.currency = currency
+        self.message = (
+            f"cancelling now costs a fee of {fee:.2f} {currency}, above the {max_fee:.2f} {currency} allowed: "
+            "nothing was cancelled"
+        )
+        super().__init__(self.message)
+
+
+class CancelInProgressError(Exception):
+    """Another cancel of the booking won on terms this one did not allow (its fee is above this ``max_fee``)."""
+
+    def __init__(self, booking_id: str, fee: float, currency: str) -> None:
+        self.booking_id = booking_id
+        self.fee = fee
+        self.currency = currency
+        self.message = f"booking {booking_id} is being cancelled already, with a fee of {fee:.2f} {currency}"
+        super().__init__(self.message)
+
+
+@dataclass(frozen=True)
+class RefundQuote:
+    """What cancelling a confirmed booking gives back, fixed when the cancel is accepted: ``amount = total − fee``."""
+
+    amount: float
+    fee: float
+    currency: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"amount": self.amount, "fee": self.fee, "currency": self.currency}
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> RefundQuote:
+        return cls(amount=float(wire["amount"]), fee=float(wire["fee"]), currency=str(wire["currency"]))
 
 
 @dataclass(frozen=True)
@@ -111,3 +156,14 @@ def cancellation_fee(policy: CancellationPolicy, total: float, now: datetime) ->
     if now < policy.free_until:
         return 0.0
     return min(to_cents(policy.fee), to_cents(total)) / 100
+
+
+def quote_refund(
+    policy: CancellationPolicy, total: float, now: datetime, *, max_fee: float | None = None
+) -> RefundQuote:
+    """The refund of cancelling at ``now``; ``CancellationRefusedError``, or ``FeeExceedsLimitError`` above ``max_fee``
+    (compared in cents)."""
+    fee = cancellation_fee(policy, total, now)
+    if max_fee is not None and to_cents(fee) > to_cents(max_fee):
+        raise FeeExceedsLimitError(fee, max_fee, policy.currency)
+    return RefundQuote(amount=(to_cents(total) - to_cents(fee)) / 100, fee=fee, currency=policy.currency)

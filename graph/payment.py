@@ -2,8 +2,9 @@
 
 ::
 
-    START ─operation=charge─▶ charge ─▶ END
-          └operation=refund─▶ refund ─▶ END
+    START ─operation=charge─────────▶ charge ─────────▶ END
+          ├operation=refund─────────▶ refund ─────────▶ END
+          └operation=cancel_refund──▶ cancel_refund ──▶ END
 
 Both nodes are ``@traced_node(@idempotent_node(...))`` and send ``idempotency_key()`` to payment-api, so a retried
 A2A call, a recovered booking or a restarted payment-agent never charges or refunds twice. Thread ids are derived
@@ -11,6 +12,11 @@ from the booking reference (``<reference>:charge``, ``<reference>:refund``). Run
 
 A refund without a ``payment_id`` refunds every captured charge of the reference: that is how a booking whose charge
 timed out (outcome unknown) makes sure no money stays captured.
+
+``cancel_refund`` gives back part of a confirmed booking's charge when it is cancelled (``amount``: total − fee,
+never chosen by the caller: payment-agent reads it from the booking record). It first asks payment-api what the
+charge has refunded already, so a refund that may have left before a crash is confirmed, not sent again, even after
+payment-api forgot its idempotency key; then sends it with the node's key.
 
 The card token is not part of the state (the state is checkpointed and kept): the caller hands it to the charge in
 ``payment_token_scope(token)``, around the graph call.
@@ -28,6 +34,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
+from domain.booking import to_cents
 from graph.idempotency import RedisProvider, idempotency_key, idempotent_node
 from graph.tracing import traced_node
 from infra.clients.errors import PaymentDeclinedError
@@ -37,13 +44,14 @@ from resilience import policy_for
 
 
 class PaymentState(TypedDict, total=False):
-    operation: Literal["charge", "refund"]
+    operation: Literal["charge", "refund", "cancel_refund"]
     reference: str
     amount: float
     currency: str
     payment_id: str | None
     status: str
     refunded: list[str]
+    refund_id: str | None
     error: dict[str, str] | None
 
 
@@ -112,6 +120,26 @@ def build_payment_graph(
             await policy.call(payments.refund, payment_id, idempotency_key=f"{base_key}:{payment_id}")
         return {"refunded": payment_ids, "status": "refunded", "error": None}
 
+    @traced_node("cancel_refund")
+    @idempotent_node(redis, "cancel_refund", key_fields=["reference", "payment_id", "amount"])
+    async def cancel_refund(state: PaymentState, config: RunnableConfig) -> dict[str, Any]:
+        payment_id, amount = str(state["payment_id"]), state["amount"]
+        if to_cents(amount) <= 0:  # the fee took it all: nothing to give back
+            return {"refunded": [], "refund_id": None, "status": "captured", "error": None}
+        charge = await policy.call(payments.get_charge, payment_id)
+        if to_cents(charge.get("refunded_amount") or 0) >= to_cents(amount):
+            # sent before (the process died before it stored the answer): payment-api has it, nothing goes again
+            refunds = charge.get("refunds") or [{}]
+            found = {"refunded": [payment_id], "refund_id": refunds[-1].get("refund_id"), "status": charge["status"]}
+            return {**found, "error": None}
+        result = await policy.call(payments.refund, payment_id, idempotency_key=idempotency_key(), amount=amount)
+        return {
+            "refunded": [payment_id],
+            "refund_id": (result.get("refund") or {}).get("refund_id"),
+            "status": result.get("status", "partially_refunded"),
+            "error": None,
+        }
+
     # async on purpose: LangGraph runs a plain function on a thread pool, a round trip for a dict lookup
     async def route(state: PaymentState) -> str:
         return state["operation"]
@@ -119,7 +147,9 @@ def build_payment_graph(
     builder = StateGraph(PaymentState)
     builder.add_node("charge", charge)
     builder.add_node("refund", refund)
-    builder.add_conditional_edges(START, route, {"charge": "charge", "refund": "refund"})
-    builder.add_edge("charge", END)
-    builder.add_edge("refund", END)
+    builder.add_node("cancel_refund", cancel_refund)
+    operations = ["charge", "refund", "cancel_refund"]
+    builder.add_conditional_edges(START, route, operations)
+    for operation in operations:
+        builder.add_edge(operation, END)
     return builder.compile(checkpointer=checkpointer, name="payment")

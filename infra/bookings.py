@@ -52,6 +52,8 @@ PUBLIC_FIELDS: Final = (
     "reservation_id",
     "payment_id",
     "cancellation",
+    "refund",
+    "cancel_error",
     "error",
     "cancel_requested_at",
     "created_at",
@@ -62,7 +64,7 @@ PUBLIC_FIELDS: Final = (
 # reads instead of four a second. Runs finished here wake their waiters at once, without polling.
 FALLBACK_POLL_S: Final = 0.25
 FALLBACK_POLL_MAX_S: Final = 1.0
-_JSON_FIELDS: Final = frozenset({"error", "guests", "total_price", "cancellation"})
+_JSON_FIELDS: Final = frozenset({"error", "guests", "total_price", "cancellation", "refund", "cancel_error"})
 INDEX_MAX: Final = 100_000
 """Bookings kept in the ``GET /bookings`` index (besides its retention, ``JOURNAL_TTL_S``); the oldest go first."""
 
@@ -148,6 +150,40 @@ if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSETNX', KEYS[1], 'commit
 return 1
 """)
 
+# A confirmed booking's cancel (``graph.cancellation``): ``confirmed`` → ``cancelling`` with the refund its policy
+# gives now, once; a second cancel finds it (and the refund fixed by the first). Back in flight until it ends.
+# KEYS: booking, inflight, journal | ARGV: now, refund JSON, accepted entry, journal max len, ttl_s, the run's thread
+_BEGIN_CANCEL = RedisScript("""
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'unknown', ''} end
+if status == 'cancelling' or status == 'cancelled' then
+  return {status, redis.call('HGET', KEYS[1], 'refund') or ''}
+end
+if status ~= 'confirmed' then return {'not_confirmed', status} end
+redis.call('HSET', KEYS[1], 'status', 'cancelling', 'refund', ARGV[2], 'cancel_error', '', 'updated_at', ARGV[1],
+  'cancel_thread', ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'e', ARGV[3])
+redis.call('EXPIRE', KEYS[3], ARGV[5])
+return {'started', ARGV[2]}
+""")
+
+# The hotel refused the cancel of a confirmed stay (nothing was moved): ``cancelling`` → ``confirmed`` again, saying
+# why; the journal ends with ``confirmed`` once more. 0 when it was not cancelling.
+# KEYS: booking, inflight, journal | ARGV: now, error JSON, journal max len, ttl_s, n, n entries (the last: confirmed)
+_KEEP_CONFIRMED = RedisScript("""
+if redis.call('HGET', KEYS[1], 'status') ~= 'cancelling' then return 0 end
+for i = 6, 5 + tonumber(ARGV[5]) do
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i])
+end
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+redis.call('HSET', KEYS[1], 'status', 'confirmed', 'cancel_error', ARGV[2], 'refund', '', 'updated_at', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('ZREM', KEYS[2], KEYS[1])
+return 1
+""")
+
 # One client key → one booking id; the body hash tells a retry from a different request under the same key.
 _CLAIM_KEY = RedisScript("""
 local current = redis.call('GET', KEYS[1])
@@ -168,6 +204,20 @@ class CancelOutcome(StrEnum):
     """Final already, as ``cancelled``."""
     TOO_LATE = "too_late"
     """Final (``confirmed``, ``failed``) or committed (its confirm was sent): nothing changed."""
+    UNKNOWN = "unknown"
+
+
+class AfterSaleCancel(StrEnum):
+    """What ``BookingStore.begin_cancel`` found and did with a booking that may be confirmed."""
+
+    STARTED = "started"
+    """``confirmed`` → ``cancelling`` now, with this call's refund: its run cancels the stay and refunds."""
+    CANCELLING = "cancelling"
+    """An earlier cancel is on its way, with its refund: nothing changed."""
+    CANCELLED = "cancelled"
+    """Final already as ``cancelled`` (with the refund of its cancel, if it was confirmed): nothing changed."""
+    NOT_CONFIRMED = "not_confirmed"
+    """Not confirmed (in flight, ``failed``): the cancel of a booking in flight applies (``request_cancel``)."""
     UNKNOWN = "unknown"
 
 
@@ -333,6 +383,65 @@ class BookingStore:
         if found is CancelOutcome.REQUESTED:
             logger.info("booking %s: cancel requested (was %s)", booking_id, text(status))
         return found, (text(status) or None)
+
+    async def begin_cancel(
+        self, booking_id: str, refund: Mapping[str, Any], thread_id: str
+    ) -> tuple[AfterSaleCancel, dict[str, Any] | str | None]:
+        """Start cancelling a confirmed booking with ``refund`` (``domain.cancellation.RefundQuote``) by the run
+        ``thread_id``, exactly once.
+
+        Returns what was found and the refund in force (this one, or the first cancel's), or for ``not_confirmed``
+        the status. The run that carries it out is created first (its input holds the refund), and its recovery
+        calls this again: whatever dies in between, the run finds the booking ``cancelling``.
+        """
+        settings = get_settings()
+        now = time.time()
+        entry = encode_entry(JournalKind.CANCEL_ACCEPTED, instance_id(), dict(refund), at=now)
+        outcome, found = await _BEGIN_CANCEL(
+            self._redis,
+            keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+            args=[now, json.dumps(dict(refund)), entry, settings.journal_max_len, settings.journal_ttl_s, thread_id],
+            durable=True,  # a 202 promises the refund: a failover must not forget it
+        )
+        answer = AfterSaleCancel(text(outcome))
+        if answer is AfterSaleCancel.NOT_CONFIRMED:
+            return answer, text(found) or None
+        raw = text(found)
+        return answer, (json.loads(raw) if raw else None)
+
+    async def cancel_thread(self, booking_id: str) -> str | None:
+        """The run of the booking's latest cancel after it was confirmed (``graph.cancellation``), if any."""
+        thread = await self._redis.hget(self._key(booking_id), "cancel_thread")
+        return None if thread is None else text(thread)
+
+    async def keep_confirmed(self, booking_id: str, error: Mapping[str, Any]) -> bool:
+        """The hotel refused the cancel (nothing moved): ``confirmed`` again, ``cancel_error`` saying why."""
+        settings = get_settings()
+        now = time.time()
+        before = await journal.take(booking_id, final=True)
+        entries = [
+            *before,
+            encode_entry(JournalKind.CANCEL_FAILED, instance_id(), dict(error), at=now),
+            encode_entry(JournalKind.CONFIRMED, instance_id(), {"kept": True}, at=now),
+        ]
+        try:
+            kept = await _KEEP_CONFIRMED(
+                self._redis,
+                keys=[self._key(booking_id), self._inflight_key(), journal_key(booking_id)],
+                args=[
+                    now,
+                    json.dumps(dict(error)),
+                    settings.journal_max_len,
+                    settings.journal_ttl_s,
+                    len(entries),
+                    *entries,
+                ],
+                durable=True,
+            )
+        except BaseException:
+            journal.give_back(booking_id, before, final=True)
+            raise
+        return bool(kept)
 
     async def cancel_requested(self, booking_id: str) -> bool:
         """Whether a cancel was requested: what the saga asks at each step boundary."""
@@ -551,6 +660,8 @@ def _final_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """What a final journal entry tells: the outcome's ids, or the error code (never a token)."""
     error = fields.get("error")
     out = {name: fields.get(name) for name in ("hotel_id", "reservation_id", "payment_id", "total_price", "currency")}
+    if fields.get("refund") is not None:
+        out["refund"] = fields["refund"]
     if isinstance(error, Mapping):
         out["error_code"] = error.get("code")
         out["error_message"] = error.get("message")

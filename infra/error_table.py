@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
+from domain.cancellation import CancelInProgressError, CancellationRefusedError, FeeExceedsLimitError
 from domain.chat import ChatConflictError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
 from infra.causes import causes
@@ -130,6 +131,10 @@ def _fields(exc: BaseException) -> dict[str, Any]:
         return {"limit": exc.max_concurrent, "retry_after": exc.retry_after}
     if isinstance(exc, BookingFinalError):
         return {"status": exc.status}
+    if isinstance(exc, FeeExceedsLimitError):
+        return {"fee": exc.fee, "max_fee": exc.max_fee, "currency": exc.currency}
+    if isinstance(exc, CancelInProgressError):
+        return {"fee": exc.fee, "currency": exc.currency}
     if isinstance(exc, PriceChangedError):
         return {
             "held_total": exc.held_total,
@@ -167,6 +172,9 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (ModelRateLimitedError, ErrorCode.MODEL_RATE_LIMITED, True),  # its retry_after: the Retry-After header
     (ModelError, ErrorCode.MODEL_UNAVAILABLE, True),
     (BookingFinalError, ErrorCode.ALREADY_FINAL, False),  # a cancel that came too late
+    (CancellationRefusedError, None, False),  # its own code: stay_started, not_refundable
+    (FeeExceedsLimitError, ErrorCode.FEE_EXCEEDS_LIMIT, False),  # the fee rose above the cancel's max_fee
+    (CancelInProgressError, ErrorCode.CANCEL_IN_PROGRESS, False),  # another cancel won, on other terms
     (ChatConflictError, None, False),  # its own code: turn_in_progress, approval_pending, approval_expired
     (ValidationError, ErrorCode.INVALID_REQUEST, False),  # a model built from a request's data
     (InvalidBudgetHeaderError, ErrorCode.INVALID_HEADER, False),

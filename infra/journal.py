@@ -50,6 +50,7 @@ __all__ = [
     "is_final",
     "iso_now",
     "journal_key",
+    "journal_of",
     "journal_scope",
     "name_instance",
     "note",
@@ -140,7 +141,9 @@ class JournalWriter:
         """Set each time a batch is done (written or failed)."""
 
     def record(self, booking_id: str, kind: JournalKind | str, **fields: Any) -> None:
-        """Queue one entry for ``booking_id``; it is written within milliseconds, in order, without waiting."""
+        """Queue one entry for ``booking_id`` (or a run's thread id: ``journal_of``); it is written within
+        milliseconds, in order, without waiting."""
+        booking_id = journal_of(booking_id)
         if not self._pending:
             self._since = asyncio.get_running_loop().time()
         self._pending.append((booking_id, encode_entry(kind, self.instance, fields)))
@@ -221,6 +224,12 @@ class JournalWriter:
         self._now.clear()
 
 
+def journal_of(thread_id: str) -> str:
+    """The journal a run's entries go in: its own (a booking, a chat), or for a run after the booking's own
+    (``<booking_id>:cancel``, ``graph.cancellation``) its booking's, so one journal tells the booking's whole life."""
+    return thread_id.partition(":")[0]
+
+
 # ----------------------------------------------------------------------------------------- process-wide writer
 
 _writer: JournalWriter | None = None
@@ -276,7 +285,7 @@ def journal_scope(
     booking_id: str, *, fence: int | None = None, steps: bool = True, eager: bool = False
 ) -> Iterator[JournalScope]:
     """``note`` writes into ``booking_id``'s journal inside this block (tasks started in it inherit it)."""
-    scope = JournalScope(booking_id, fence, steps, eager=eager)
+    scope = JournalScope(journal_of(booking_id), fence, steps, eager=eager)
     token = _scope.set(scope)
     try:
         yield scope

@@ -19,12 +19,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from graph.booking import BOOKING_BUILDERS, BOOKING_GRAPH
+from graph.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH
 from graph.concierge import CONCIERGE_BUILDERS, CONCIERGE_GRAPH
 from runs.versions import VERSIONS_FILE, graph_fingerprint, graph_shape
 
 FAMILIES: dict[str, tuple[Callable[..., Any], ...]] = {
     BOOKING_GRAPH: BOOKING_BUILDERS,
     CONCIERGE_GRAPH: CONCIERGE_BUILDERS,
+    CANCELLATION_GRAPH: CANCELLATION_BUILDERS,
 }
 """Graph name → its builders, current first (what the recovery worker runs)."""
 

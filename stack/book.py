@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 import uuid
@@ -356,8 +357,16 @@ def _follow(client: _Client, body: dict[str, Any], started: float, timeout: floa
 
 
 def register_cancel(subparsers: Subparsers) -> None:
-    parser = subparsers.add_parser("cancel", help="cancel a booking that is not final yet")
+    parser = subparsers.add_parser(
+        "cancel", help="cancel a booking in flight, or a confirmed one under its policy (a refund of total - fee)"
+    )
     parser.add_argument("booking_id", metavar="BOOKING_ID")
+    parser.add_argument(
+        "--max-fee",
+        default=None,
+        metavar="AMOUNT",
+        help="a confirmed booking: refuse (nothing changed) if its fee now is above AMOUNT",
+    )
     parser.add_argument("--wait", action="store_true", help="wait until the booking is cancelled (exit 0 then)")
     parser.add_argument("--url", default=None, help="booking-agent URL (default: the running stack's)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds")
@@ -371,25 +380,34 @@ def _cancel(args: argparse.Namespace) -> int:
     booking_id = args.booking_id
     if not booking_id or len(booking_id) > 64 or not booking_id.replace("-", "").replace("_", "").isalnum():
         raise UsageError(f"not a booking id: {booking_id!r}")
+    body = None if args.max_fee is None else {"max_fee": _max_fee(args.max_fee)}
     started = time.monotonic()
     client = _Client(booking_agent_urls(args.url), started + args.timeout, args.user)
     try:
         try:
-            response = client.http.post(f"{client.urls[0]}/bookings/{booking_id}/cancel")
+            response = client.http.post(f"{client.urls[0]}/bookings/{booking_id}/cancel", json=body)
         except httpx.ConnectError:
             if len(client.urls) == 1:
                 raise StackError(f"booking-agent at {client.urls[0]} is unreachable: stack not running?") from None
-            response = client.request("POST", f"/bookings/{booking_id}/cancel")
+            response = client.request("POST", f"/bookings/{booking_id}/cancel", json=body)
         if response.status_code == 404:
             raise StackError(f"no booking {booking_id}")
         if response.status_code not in (200, 202):
             raise StackError(refusal(response))
         booking = response.json()
-        if response.status_code == 200:
+        refund = booking.get("refund")
+        if isinstance(refund, dict):  # a confirmed stay: what its policy gives back
+            print(
+                f"booking {booking_id}: {booking.get('status')} · refund {refund['amount']:.2f} {refund['currency']}"
+                f" (fee {refund['fee']:.2f} {refund['currency']})",
+                flush=True,
+            )
+        elif response.status_code == 200:
             print(f"booking {booking_id}: cancelled")
             return EXIT_OK
-        print(f"booking {booking_id}: cancelling (was {booking.get('status')})", flush=True)
-        if not args.wait:
+        else:
+            print(f"booking {booking_id}: cancelling (was {booking.get('status')})", flush=True)
+        if not args.wait or booking.get("status") == "cancelled":
             return EXIT_OK
         while True:
             left = started + args.timeout - time.monotonic()
@@ -403,5 +421,17 @@ def _cancel(args: argparse.Namespace) -> int:
                 break
     finally:
         client.http.close()
-    print(f"booking {booking_id}: {booking.get('status')}")
+    kept = booking.get("cancel_error")
+    why = f" (the cancel failed: {kept.get('code')}: {kept.get('message')})" if isinstance(kept, dict) else ""
+    print(f"booking {booking_id}: {booking.get('status')}{why}")
     return EXIT_OK if booking.get("status") == "cancelled" else EXIT_FAILURE
+
+
+def _max_fee(value: str) -> float:
+    try:
+        amount = float(value)
+    except ValueError:
+        raise UsageError(f"--max-fee must be an amount, got {value!r}") from None
+    if not math.isfinite(amount) or amount < 0:
+        raise UsageError(f"--max-fee must be an amount of at least 0, got {value}")
+    return amount

@@ -110,6 +110,14 @@ def describe(entry: Mapping[str, Any]) -> str:
             return f"compensating ({get('reason')}): {', '.join(undo) or 'nothing to undo'}"
         case JournalKind.CANCEL_REQUESTED:
             return f"cancel requested ({get('instance')})"
+        case JournalKind.CANCEL_ACCEPTED:
+            return f"cancel accepted: refund {get('amount')} {get('currency')} (fee {get('fee')})"
+        case JournalKind.STAY_CANCELLED:
+            return f"stay cancelled at the hotel (reservation {get('reservation_id')}): the rooms are given back"
+        case JournalKind.REFUNDED:
+            return f"refunded {get('amount')} {get('currency')} on payment {get('payment_id')}"
+        case JournalKind.CANCEL_FAILED:
+            return f"cancel failed, the booking stays confirmed: {get('code')}: {get('message')}"
         case JournalKind.CONFIRMED:
             return f"confirmed (reservation {get('reservation_id')}, payment {get('payment_id')})"
         case JournalKind.FAILED:

@@ -1,7 +1,8 @@
 """``concierge verify``: every booking against both ledgers; each disagreement printed, exit 1 if there is one.
 
 The promise is: a confirmed booking has one confirmed reservation and one captured charge; a failed (or cancelled)
-one holds no room and keeps no money; and no money is held for a booking that does not exist. Bookings still in
+one holds no room and keeps no money, except a confirmed stay cancelled since, which keeps its fee: its one refund
+is total − fee; and no money is held for a booking that does not exist. Bookings still in
 flight are counted, not judged, unless no run will finish them (stranded: their run ended or was dead-lettered);
 runs waiting for a graph version no process runs are named (docs/upgrades.md). Redis and the providers are the running stack's (``stack.target``) unless
 ``REDIS_URL``, ``--hotel-api``/``--payment-api`` and ``CONCIERGE_ADMIN_TOKEN`` name others.
@@ -21,7 +22,7 @@ from typing import Any, TextIO
 import httpx
 from redis.asyncio import Redis
 
-from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus
+from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus, to_cents
 from infra.bookings import BookingStore
 from infra.redis import text
 from runs.leases import RunStatus, RunStore
@@ -45,11 +46,20 @@ class Disagreement:
 
 
 def disagreements(
-    bookings: Mapping[str, str], reservations: Iterable[Mapping[str, Any]], charges: Iterable[Mapping[str, Any]]
+    bookings: Mapping[str, str],
+    reservations: Iterable[Mapping[str, Any]],
+    charges: Iterable[Mapping[str, Any]],
+    refunds: Iterable[Mapping[str, Any]] = (),
+    owed: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Disagreement]:
-    """What the ledgers say that a booking's status denies; ``bookings`` maps booking id → status."""
+    """What the ledgers say that a booking's status denies; ``bookings`` maps booking id → status, ``owed`` a
+    confirmed booking cancelled since (its record's ``refund``) → what it gives back, held against ``refunds``."""
     holds: dict[str, Counter[str]] = {}
     money: dict[str, Counter[str]] = {}
+    given: dict[str, list[int]] = {}
+    for refund in refunds:
+        given.setdefault(str(refund["reference"]), []).append(to_cents(float(refund["amount"])))
+    owed = owed or {}
     for reservation in reservations:
         holds.setdefault(str(reservation["reference"]), Counter())[str(reservation["status"])] += 1
     for charge in charges:
@@ -64,6 +74,20 @@ def disagreements(
                 found.append(Disagreement(booking_id, status, f"{rooms['held']} room(s) still held"))
             if paid["captured"] != 1:
                 found.append(Disagreement(booking_id, status, f"{paid['captured']} captured charges, not 1"))
+        elif status == BookingStatus.CANCELLED and booking_id in owed:
+            # a confirmed stay cancelled under its policy: the room given back, total − fee refunded, once
+            if rooms["held"] or rooms["confirmed"]:
+                found.append(Disagreement(booking_id, status, f"reservations {dict(rooms)}: a room is kept"))
+            charged = paid["captured"] + paid["partially_refunded"] + paid["refunded"]
+            if charged != 1:
+                found.append(Disagreement(booking_id, status, f"{charged} charges, not 1 (charges {dict(paid)})"))
+            back, expected = given.get(booking_id, []), to_cents(float(owed[booking_id]["amount"]))
+            if len(back) > (1 if expected else 0):
+                found.append(Disagreement(booking_id, status, f"{len(back)} refunds: a second refund"))
+            if sum(back) != expected:
+                found.append(
+                    Disagreement(booking_id, status, f"refunded {sum(back) / 100:.2f}, not {expected / 100:.2f}")
+                )
         elif status in FINAL_BOOKING_STATUSES:
             if rooms["held"] or rooms["confirmed"]:
                 found.append(Disagreement(booking_id, status, f"reservations {dict(rooms)}: a room is kept"))
@@ -100,6 +124,18 @@ async def _booking_statuses(redis: Redis) -> dict[str, str]:
     return statuses
 
 
+async def _refunds_owed(redis: Redis, bookings: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The cancelled bookings that were confirmed before (their record keeps the ``refund`` of that cancel)."""
+    store = BookingStore(redis)
+    owed: dict[str, dict[str, Any]] = {}
+    for booking_id, status in bookings.items():
+        if status == BookingStatus.CANCELLED and await store.cancel_thread(booking_id) is not None:
+            record = await store.get(booking_id)
+            if record is not None and isinstance(record.get("refund"), dict):
+                owed[booking_id] = record["refund"]
+    return owed
+
+
 async def _ledger(http: httpx.AsyncClient, service: str, explicit: str | None, entries: str) -> list[dict[str, Any]]:
     base, _guess = provider_url(service, explicit)
     token = admin_token(explicit_url=explicit is not None)
@@ -123,10 +159,12 @@ async def check_ledgers(
 ) -> tuple[dict[str, str], list[Disagreement]]:
     """Every booking's status and what the ledgers say against them (``CommandError`` for a ledger out of reach)."""
     bookings = await _booking_statuses(redis)
+    owed = await _refunds_owed(redis, bookings)
     async with httpx.AsyncClient(timeout=_HTTP_TIMEOUT_S) as http:
         reservations = await _ledger(http, "hotel-api", hotel_api, "reservations")
         charges = await _ledger(http, "payment-api", payment_api, "charges")
-    return bookings, disagreements(bookings, reservations, charges)
+        refunds = await _ledger(http, "payment-api", payment_api, "refunds") if owed else []
+    return bookings, disagreements(bookings, reservations, charges, refunds, owed)
 
 
 async def ledger_charges(payment_api: str | None = None) -> list[dict[str, Any]]:
@@ -140,11 +178,14 @@ async def stranded(redis: Redis, bookings: Mapping[str, str]) -> list[Disagreeme
     """Bookings not final that no run will finish: their run ended (``done`` with the booking half-way is what a
     graph of another shape did before versions), is missing, or waits in the DLQ for an operator."""
     store = RunStore(redis)
+    records = BookingStore(redis)
     found = []
     for booking_id, status in sorted(bookings.items()):
         if status in FINAL_BOOKING_STATUSES:
             continue
-        run = await store.get(booking_id)
+        # a confirmed booking being cancelled is its cancel's run's to finish (``graph.cancellation``)
+        thread = await records.cancel_thread(booking_id) if status == BookingStatus.CANCELLING else None
+        run = await store.get(thread or booking_id)
         if run is None:
             found.append(Disagreement(booking_id, status, "stranded: not final, and no run record"))
         elif run.status is RunStatus.DEAD_LETTERED:

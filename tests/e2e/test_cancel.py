@@ -238,21 +238,22 @@ def test_cancel_twice_answers_the_same_and_200_once_cancelled(stack: Stack) -> N
     assert_nothing_kept(stack, booking_id)
 
 
-def test_a_confirmed_booking_answers_409_already_final_and_stays_confirmed(stack: Stack) -> None:
-    booking_id = book(stack, days_ahead=124)
-    assert stack.wait(booking_id, timeout=END_TIMEOUT_S)["status"] == "confirmed"
+def test_a_failed_booking_answers_409_already_final_and_stays_failed(stack: Stack) -> None:
+    checkin, checkout = stay(days_ahead=124)
+    booking_id = str(stack.book(checkin=checkin, checkout=checkout, payment_token="tok_declined")["booking_id"])
+    assert stack.wait(booking_id, timeout=END_TIMEOUT_S)["status"] == "failed"
 
     response = cancel(stack, booking_id)
     assert response.status_code == 409, response.text
     assert response.json()["error"]["code"] == "already_final"
-    assert response.json()["error"]["status"] == "confirmed"
-    assert stack.booking(booking_id)["status"] == "confirmed"
-    rooms, money = ledgers_of(stack, booking_id)
-    assert (rooms["confirmed"], money["captured"]) == (1, 1)
+    assert response.json()["error"]["status"] == "failed"
+    assert stack.booking(booking_id)["status"] == "failed"
+    assert_nothing_kept(stack, booking_id)
 
     by_cli = concierge(stack, "cancel", booking_id, "--url", stack.url("booking-agent"))
     assert by_cli.returncode == 1 and by_cli.stdout == ""
     assert by_cli.stderr.count("\n") == 1 and "already_final" in by_cli.stderr, by_cli.stderr
+    # a confirmed stay is cancelled under its policy instead (tests/e2e/test_cancel_confirmed.py)
 
 
 def test_an_unknown_booking_answers_404(stack: Stack) -> None:

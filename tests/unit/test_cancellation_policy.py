@@ -67,3 +67,20 @@ def test_the_policy_in_words() -> None:
     strict = CancellationPolicy.for_stay(CHECKIN, 95.0, "EUR", refundable=False)
     assert describe_cancellation(strict.to_wire()) == "non-refundable: it cannot be cancelled"
     assert describe_cancellation(None) == describe_cancellation({"fee": 1}) == "no cancellation policy recorded"
+
+
+def test_a_refund_quote_is_the_total_less_the_fee_in_cents_and_max_fee_is_a_ceiling() -> None:
+    from domain.cancellation import FeeExceedsLimitError, quote_refund
+
+    policy = CancellationPolicy.for_stay(date(2030, 5, 10), 70.1, "EUR")
+    early = datetime(2030, 5, 1, tzinfo=UTC)
+    late = datetime(2030, 5, 9, 12, tzinfo=UTC)
+    assert quote_refund(policy, 210.3, early).to_wire() == {"amount": 210.3, "fee": 0.0, "currency": "EUR"}
+    assert quote_refund(policy, 210.3, late, max_fee=70.1).to_wire() == {
+        "amount": 140.2,
+        "fee": 70.1,
+        "currency": "EUR",
+    }
+    with pytest.raises(FeeExceedsLimitError) as refused:
+        quote_refund(policy, 210.3, late, max_fee=70.09)
+    assert (refused.value.fee, refused.value.max_fee) == (70.1, 70.09)

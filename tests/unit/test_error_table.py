@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
+from domain.cancellation import CancelInProgressError, CancellationRefusedError, FeeExceedsLimitError
 from domain.chat import ApprovalExpiredError, ApprovalPendingError, TurnInProgressError
 from infra.a2a import (
     A2AError,
@@ -107,6 +108,10 @@ CASES: list[tuple[BaseException, str, int, bool]] = [
     (_validation_error(), "invalid_request", 422, False),
     (BookingFinalError("b1", "confirmed", "booking b1 is confirmed"), "already_final", 409, False),
     (PriceChangedError(145.6, "EUR", 112.0, None), "price_changed", 409, False),
+    (CancellationRefusedError("stay_started", "the stay started"), "stay_started", 409, False),
+    (CancellationRefusedError("not_refundable", "non-refundable"), "not_refundable", 409, False),
+    (FeeExceedsLimitError(80.0, 0.0, "EUR"), "fee_exceeds_limit", 409, False),
+    (CancelInProgressError("b1", 80.0, "EUR"), "cancel_in_progress", 409, False),
     (TurnInProgressError("a turn runs"), "turn_in_progress", 409, False),
     (ApprovalPendingError("an approval waits"), "approval_pending", 409, False),
     (ApprovalExpiredError("too late"), "approval_expired", 409, False),

@@ -54,3 +54,40 @@ def test_a_cancelled_booking_is_held_to_the_promise_of_a_failed_one() -> None:
         ("kept", "cancelled", "reservations {'confirmed': 1}: a room is kept"),
         ("kept", "cancelled", "1 captured charge(s) not refunded"),
     }
+
+
+def refund(ref: str, amount: float) -> dict[str, object]:
+    return {"reference": ref, "amount": amount}
+
+
+def test_a_confirmed_stay_cancelled_since_keeps_its_fee_and_is_refunded_the_rest_once() -> None:
+    bookings = {
+        "full": "cancelled",
+        "late": "cancelled",
+        "all-fee": "cancelled",
+        "twice": "cancelled",
+        "short": "cancelled",
+    }
+    owed = {
+        "full": {"amount": 200.0, "fee": 0.0},
+        "late": {"amount": 120.0, "fee": 80.0},
+        "all-fee": {"amount": 0.0, "fee": 90.0},
+        "twice": {"amount": 50.0, "fee": 50.0},
+        "short": {"amount": 100.0, "fee": 20.0},
+    }
+    reservations = [hold(ref, "cancelled") for ref in bookings] + [hold("late", "confirmed")]
+    charges = [
+        charge("full", "refunded"),
+        charge("late", "partially_refunded"),
+        charge("all-fee", "captured"),  # the fee took it all: nothing to give back, the charge stays
+        charge("twice", "refunded"),
+        charge("short", "partially_refunded"),
+    ]
+    refunds = [refund("full", 200.0), refund("late", 120.0), refund("twice", 25.0), refund("twice", 25.0)]
+    refunds.append(refund("short", 99.99))
+    found = {(d.reference, d.problem) for d in disagreements(bookings, reservations, charges, refunds, owed)}
+    assert found == {
+        ("late", "reservations {'cancelled': 1, 'confirmed': 1}: a room is kept"),
+        ("twice", "2 refunds: a second refund"),
+        ("short", "refunded 99.99, not 100.00"),
+    }
