@@ -997,6 +997,23 @@ async def get_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
     return dict(booking)
 
 
+LIST_LIMIT: Final = 20
+"""The newest bookings ``list_bookings`` answers (a person's list is for reading, not for paging)."""
+
+
+async def list_bookings_skill(data: dict[str, Any]) -> dict[str, Any]:
+    """A2A: the newest bookings of the person acted for (a service for itself: those made without a person), each as
+    ``GET /bookings/{id}`` shows it."""
+    limit = data.get("limit", LIST_LIMIT)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_LIMIT:
+        raise SkillFailure(ErrorCode.INVALID_REQUEST, f"limit: a whole number from 1 to {LIST_LIMIT}")
+    store: BookingStore = app.state.booking.bookings
+    owner = _person_acted_for()
+    page, _ = await store.page(status=None, limit=limit, cursor=None, owner=owner, everyone=False)
+    found = [await store.get(item["booking_id"]) for item in page]
+    return {"bookings": [booking for booking in found if booking is not None and booking.get("owner") == owner]}
+
+
 async def cancel_booking_skill(data: dict[str, Any]) -> dict[str, Any]:
     """A2A: ``POST /bookings/{id}/cancel`` for the person acted for; the booking as it stands (``already_final``
     when too late)."""
@@ -1067,13 +1084,24 @@ mount_a2a(
             inputs=("booking_id",),
         ),
         Skill(
+            id="list_bookings",
+            name="List bookings",
+            description="The newest bookings (up to {limit?}, at most 20) of the person acted for.",
+            handler=list_bookings_skill,
+            tags=("hotels", "booking"),
+            callers=BOOKING_READERS,
+            inputs=("limit?",),
+        ),
+        Skill(
             id="cancel_booking",
             name="Cancel booking",
-            description="Cancel {booking_id}: the saga stops at its next step, releases the hold and refunds.",
+            description="Cancel {booking_id}: in flight, the saga stops at its next step, releases the hold and "
+            "refunds; confirmed, the stay is cancelled under its policy and total − fee refunded (a fee above "
+            "{max_fee?} refuses it, fee_exceeds_limit).",
             handler=cancel_booking_skill,
             tags=("hotels", "booking"),
             callers=BOOKING_READERS,
-            inputs=("booking_id",),
+            inputs=("booking_id", "max_fee?"),
         ),
     ],
     bulkhead="booking_agent",

@@ -14,6 +14,7 @@ __all__ = [
     "CANCEL_BOOKING",
     "FALLBACK_MODEL",
     "GET_BOOKING",
+    "LIST_BOOKINGS",
     "PRIMARY_MODEL",
     "SEARCH_HOTELS",
     "SIMULATED_MODELS",
@@ -34,4 +35,6 @@ GET_BOOKING: Final = "get_booking"
 """``get_booking(booking_id)``."""
 CANCEL_BOOKING: Final = "cancel_booking"
 """``cancel_booking(booking_id)``."""
-TOOL_NAMES: Final = (SEARCH_HOTELS, BOOK_HOTEL, GET_BOOKING, CANCEL_BOOKING)
+LIST_BOOKINGS: Final = "list_bookings"
+"""``list_bookings()``: the person's bookings, from any chat."""
+TOOL_NAMES: Final = (SEARCH_HOTELS, BOOK_HOTEL, LIST_BOOKINGS, GET_BOOKING, CANCEL_BOOKING)

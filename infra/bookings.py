@@ -610,6 +610,10 @@ class BookingStore:
                 return found, None
             top = repr(items[-1][1])
 
+    async def has_bookings(self, owner: str | None) -> bool:
+        """Whether ``owner`` has any booking kept (their ``GET /bookings`` is not empty): one ``ZCARD``."""
+        return bool(await self._redis.zcard(self.owner_index_key(owner)))
+
     async def in_flight(self) -> int:
         return int(await self._redis.zcard(self._inflight_key()))
 

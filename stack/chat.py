@@ -395,10 +395,23 @@ def _result_summary(entry: Mapping[str, Any]) -> str:
 def describe_approval(approval: Mapping[str, Any]) -> str:
     price = approval.get("total_price")
     total = f"{price:.2f}" if isinstance(price, int | float) else str(price)
+    stay = (
+        f"{approval.get('hotel_name')} ({approval.get('hotel_id')}), {approval.get('checkin')} → "
+        f"{approval.get('checkout')}, {approval.get('guests')} guest(s), {total} {approval.get('currency')}"
+    )
+    if approval.get("action") == "cancel":
+        refund = approval.get("refund")
+        back = (
+            f"refund {refund['amount']:.2f} {refund['currency']} (fee {refund['fee']:.2f} {refund['currency']})"
+            if isinstance(refund, Mapping)
+            else "not confirmed yet: anything charged is refunded"
+        )
+        return (
+            f"approval {approval.get('approval_id')}: cancel booking {approval.get('booking_id')}, {stay}: {back}, "
+            f"expires {approval.get('expires_at')}"
+        )
     return (
-        f"approval {approval.get('approval_id')}: book {approval.get('hotel_name')} ({approval.get('hotel_id')}), "
-        f"{approval.get('checkin')} → {approval.get('checkout')}, {approval.get('guests')} guest(s), "
-        f"{total} {approval.get('currency')}, {describe_cancellation(approval.get('cancellation'))}, "
+        f"approval {approval.get('approval_id')}: book {stay}, {describe_cancellation(approval.get('cancellation'))}, "
         f"expires {approval.get('expires_at')}"
     )
 

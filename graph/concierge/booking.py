@@ -121,13 +121,16 @@ def _price_changed(booking_id: str, approval: Approval, error: dict[str, Any]) -
 
 
 async def cancel(deps: ConciergeDeps, chat_id: str, pending: Pending) -> Done:
-    """booking-agent's ``cancel_booking`` of the approved booking (a repeat finds it cancelled: nothing changes)."""
+    """booking-agent's ``cancel_booking`` of the approved booking (a repeat finds it cancelled: nothing changes); a
+    confirmed one with the approved fee as its ``max_fee`` (``fee_exceeds_limit``: nothing cancelled, and said)."""
     call_id = pending["tool_call_id"]
     booking_id = str(pending["approval"].get("booking_id") or "")
+    request: dict[str, Any] = {"booking_id": booking_id}
+    refund = pending["approval"].get("refund")
+    if isinstance(refund, dict):  # a confirmed stay: never more than the fee the person approved
+        request["max_fee"] = refund.get("fee")
     try:
-        booking = await policy_for("booking_agent").call(
-            deps.booking_agent.call, "cancel_booking", {"booking_id": booking_id}
-        )
+        booking = await policy_for("booking_agent").call(deps.booking_agent.call, "cancel_booking", request)
     except Exception as exc:
         return _answered(exc, call_id)
     return {

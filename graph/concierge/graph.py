@@ -109,13 +109,14 @@ async def call_model(state: ConciergeState, config: RunnableConfig, *, deps: Con
     for result in added:
         await note_result(deps.feed, chat_id, turn_id, result)
     spent_turn = _usage(state.get("usage"))
-    owner = (await deps.chats.owner(chat_id))[1] if deps.quotas is not None else None
+    guided = get_settings().llm_guides_tools
+    owner = (await deps.chats.owner(chat_id))[1] if deps.quotas is not None or guided else None
     try:
         if deps.quotas is not None and owner is not None:
             await deps.quotas.check_tokens(owner)  # the owner's model tokens of the day (PERSON_TOKENS_PER_DAY)
-        offer = offer_for(
-            history, bool(state.get("bookings")), guided=get_settings().llm_guides_tools, first_call=calls == 0
-        )
+        # the booking tools, once the person has a booking (from any chat): one ZCARD, only when guiding
+        has_booking = bool(state.get("bookings")) or (guided and await deps.bookings.has_bookings(owner))
+        offer = offer_for(history, has_booking, guided=guided, first_call=calls == 0)
         reply = await deps.model.respond(
             [SystemMessage(content=system_prompt()), *history],
             offer.tools,

@@ -49,6 +49,9 @@ class Approval(TypedDict):
     """The stay's cancellation policy (``domain.cancellation``): what cancelling later would cost."""
     booking_id: NotRequired[str]
     """A cancel's booking."""
+    refund: NotRequired[dict[str, Any] | None]
+    """A confirmed booking's cancel: ``{amount, fee, currency}`` its policy gives now; the fee is the cancel's
+    ``max_fee``, so a fee that rose meanwhile cancels nothing."""
 
 
 class Pending(TypedDict):

@@ -2,11 +2,14 @@
 the person's approval. Adding a tool is adding a record here.
 
 The model is data: its arguments are checked like a request body (a pydantic model, from which the offered JSON
-schema is derived, plus the stay rules of ``domain.booking``), and a booking id it names must be one of the chat's.
+schema is derived, plus the stay rules of ``domain.booking``), and a booking id it names must be one of the person's
+(booking-agent answers for the chat's owner only, ``acting_for``): another person's is the same ``unknown_booking``
+as an id nobody made.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -16,13 +19,15 @@ from typing import Annotated, Any, Final, Literal
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, ErrorCode, validate_stay
+from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, BookingStatus, ErrorCode, validate_stay
+from domain.cancellation import CancellationPolicy, CancellationRefusedError, quote_refund
 from domain.chat import InvalidToolCallError
-from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, SEARCH_HOTELS
+from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, LIST_BOOKINGS, SEARCH_HOTELS
 from graph.concierge import booking as effects
 from graph.concierge.context import ConciergeDeps, Peer
 from graph.concierge.state import Done, Pending
 from graph.concierge.views import booking_view, offer_view, policy_view, third_party_text, tool_error
+from infra.error_table import answer_for
 from resilience import policy_for
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "TOOLS_BY_NAME",
     "TOOL_RECORDS",
     "Approved",
+    "NotCancellableError",
     "NotOfferedError",
     "Tool",
     "ToolContext",
@@ -51,26 +57,40 @@ MAX_OFFERS_SHOWN: Final = 5
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool may reach: the peers, and the chat's own bookings (the only ones it may name)."""
+    """What a tool may reach: the peers (booking-agent answering for the chat's owner), and the chat's bookings."""
 
     deps: ConciergeDeps
     chat_id: str
     bookings: frozenset[str]
 
-    def own_booking(self, booking_id: str) -> str:
-        """``booking_id`` if it is this chat's; otherwise the same error as for an id nobody ever made."""
-        if booking_id not in self.bookings:
-            raise UnknownBookingError(booking_id)
-        return booking_id
+    async def persons_booking(self, booking_id: str) -> dict[str, Any]:
+        """The booking, if it is the person's (from any chat); otherwise the same error as for an id nobody made."""
+        try:
+            booking: dict[str, Any] = await policy_for("booking_agent").call(
+                self.deps.booking_agent.call, "get_booking", {"booking_id": booking_id}
+            )
+        except Exception as exc:
+            if answer_for(exc).code == ErrorCode.NOT_FOUND:  # another person's, or none: booking-agent cannot tell
+                raise UnknownBookingError(booking_id) from None
+            raise
+        return booking
 
 
 class UnknownBookingError(InvalidToolCallError):
-    """A booking id that is not the chat's: no peer is asked, and the answer says nothing about it."""
+    """A booking id that is not the person's: the answer says nothing about it, as for an id nobody made."""
 
     code: str = ErrorCode.UNKNOWN_BOOKING
 
     def __init__(self, booking_id: str) -> None:
-        super().__init__(f"booking_id: no booking {booking_id} in this chat")
+        super().__init__(f"booking_id: no booking {booking_id} of yours")
+
+
+class NotCancellableError(InvalidToolCallError):
+    """A confirmed stay that cannot be cancelled (``stay_started``, ``not_refundable``): nobody is asked to approve."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message}; nothing was cancelled")
+        self.code = code
 
 
 class NotOfferedError(InvalidToolCallError):
@@ -214,6 +234,10 @@ class BookingIdArgs(BaseModel):
     booking_id: _BookingId
 
 
+class NoArgs(BaseModel):
+    model_config = _Strict
+
+
 # ------------------------------------------------------------------------------------------------- runners
 
 
@@ -231,9 +255,13 @@ async def search_hotels(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 async def get_booking(ctx: ToolContext, args: dict[str, Any]) -> str:
-    query = {"booking_id": ctx.own_booking(args["booking_id"])}
-    booking = await policy_for("booking_agent").call(ctx.deps.booking_agent.call, "get_booking", query)
-    return json.dumps(booking_view(booking))
+    return json.dumps(booking_view(await ctx.persons_booking(args["booking_id"])))
+
+
+async def list_bookings(ctx: ToolContext, args: dict[str, Any]) -> str:
+    found = await policy_for("booking_agent").call(ctx.deps.booking_agent.call, "list_bookings", {})
+    bookings = [booking_view(b) for b in found.get("bookings", []) if isinstance(b, dict)]
+    return json.dumps({"bookings": bookings, "found": len(bookings)})
 
 
 _STAY_TERMS: Final = ("city", "checkin", "checkout", "guests")
@@ -266,17 +294,32 @@ async def quote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def cancel_terms(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """``cancel_booking``'s terms: the chat's booking as booking-agent has it now (hotel, stay, total)."""
-    booking_id = ctx.own_booking(args["booking_id"])
-    booking = await policy_for("booking_agent").call(
-        ctx.deps.booking_agent.call, "get_booking", {"booking_id": booking_id}
-    )
+    """``cancel_booking``'s terms: the person's booking as booking-agent has it now (hotel, stay, total) and, for a
+    confirmed one, the refund and fee its policy gives at this moment: the cancel's ``max_fee`` once approved."""
+    booking_id = str(args["booking_id"])
+    booking = await ctx.persons_booking(booking_id)
     terms: dict[str, Any] = {"booking_id": booking_id}
     for name in ("hotel_id", "hotel_name", "city", "checkin", "checkout", "guests", "total_price", "currency"):
         value = booking.get(name)
         terms[name] = third_party_text(value) if isinstance(value, str) else value
     terms["cancellation"] = policy_view(booking.get("cancellation"))
+    if booking.get("status") == BookingStatus.CONFIRMED:
+        terms["refund"] = _refund_now(booking)
     return terms
+
+
+def _refund_now(booking: Mapping[str, Any]) -> dict[str, Any]:
+    """What cancelling the confirmed ``booking`` now gives back (``domain.cancellation``, as booking-agent works it
+    out); ``NotCancellableError`` when it cannot be."""
+    wire = booking.get("cancellation")
+    try:
+        if not isinstance(wire, dict):
+            raise CancellationRefusedError("not_refundable", "this booking has no cancellation policy recorded")
+        policy = CancellationPolicy.from_wire(wire, dt.date.fromisoformat(str(booking["checkin"])))
+        quote = quote_refund(policy, float(booking["total_price"]), dt.datetime.now(dt.UTC))
+    except CancellationRefusedError as exc:
+        raise NotCancellableError(exc.code, exc.message) from None
+    return quote.to_wire()
 
 
 # ------------------------------------------------------------------------------------------------- the records
@@ -303,8 +346,15 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         ),
     ),
     Tool(
+        LIST_BOOKINGS,
+        "The person's bookings, newest first, from any chat: status, hotel, dates, total and cancellation policy.",
+        NoArgs,
+        run=list_bookings,
+        offered_once="booking",
+    ),
+    Tool(
         GET_BOOKING,
-        "A booking of this chat: its status.",
+        "One of the person's bookings (from any chat): its status.",
         BookingIdArgs,
         run=get_booking,
         answers_repeats=True,
@@ -312,11 +362,15 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
     ),
     Tool(
         CANCEL_BOOKING,
-        "Cancel a booking of this chat. The person is asked to approve the cancel first.",
+        "Cancel one of the person's bookings. The person is asked to approve the cancel first; a confirmed stay is "
+        "cancelled under its policy, its refund and fee named in the approval.",
         BookingIdArgs,
         offered_once="booking",
         approval=Approved(
-            "cancel", cancel_terms, effects.cancel, once="a cancel of a cancelled booking changes nothing"
+            "cancel",
+            cancel_terms,
+            effects.cancel,
+            once="a cancel of a cancelled booking changes nothing; the approved fee is the cancel's max_fee",
         ),
     ),
 )
@@ -361,14 +415,15 @@ def has_offers(messages: Sequence[BaseMessage]) -> bool:
 
 def offer_for(messages: Sequence[BaseMessage], has_booking: bool, *, guided: bool, first_call: bool) -> ToolOffer:
     """What a model call is offered: every tool; or, guided (LLM_GUIDED_TOOLS), the tools that can succeed in the
-    chat as it stands, with a tool call required on a turn's first call until a search has offered hotels (a small
-    model asked to book then searches instead of inventing a ``hotel_id``)."""
+    chat as it stands (``has_booking``: the person has a booking, from any chat), with a tool call required on a
+    turn's first call until a search has offered hotels (a small model asked to book then searches instead of
+    inventing a ``hotel_id``), unless the person has bookings: a question about them is not forced into a search."""
     if not guided:
         return _EVERY_TOOL
     offers = has_offers(messages)
     ready = {"offers": offers, "booking": has_booking, None: True}
     names = frozenset(tool.name for tool in TOOL_RECORDS if ready[tool.offered_once])
-    return _offer(names, first_call and not offers)
+    return _offer(names, first_call and not offers and not has_booking)
 
 
 def tool_named(name: str) -> Tool:
@@ -385,7 +440,7 @@ def validate_tool_args(name: str, args: object) -> dict[str, Any]:
 
 
 def answer_error(exc: InvalidToolCallError) -> str:
-    """A refused call's result: ``unknown_booking`` for another chat's booking, ``not_offered`` (with the offers) for
+    """A refused call's result: ``unknown_booking`` for another person's booking, ``not_offered`` (with the offers) for
     a hotel search does not offer, ``invalid_request`` otherwise."""
     return tool_error(str(exc), exc.code, **exc.details)
 

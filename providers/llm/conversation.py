@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
 
-from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, SEARCH_HOTELS
+from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, LIST_BOOKINGS, SEARCH_HOTELS
 from providers.llm.language import (
     Intent,
     Reading,
@@ -29,6 +29,7 @@ from providers.llm.phrasing import (
     HELP,
     ask_for_search,
     booked_text,
+    bookings_text,
     cancel_text,
     failure_text,
     offers_text,
@@ -216,6 +217,8 @@ class Conversation:
         return Decision(call=PlannedCall(name, arguments))
 
     def _after_person(self, reading: Reading) -> Decision:
+        if reading.intent is Intent.LIST:
+            return self._call(LIST_BOOKINGS, {}, otherwise="I can't list your bookings here.")
         if reading.intent is Intent.CANCEL:
             return self._about_booking(reading, CANCEL_BOOKING, "cancel")
         if reading.intent is Intent.STATUS:
@@ -260,6 +263,8 @@ class Conversation:
 
     def _about_booking(self, reading: Reading, tool: str, verb: str) -> Decision:
         booking_id = reading.booking_id or self._last_booking_id()
+        if booking_id is None and LIST_BOOKINGS in self.offered:
+            return self._call(LIST_BOOKINGS, {}, otherwise=HELP)  # which ones there are, to choose from
         if booking_id is None:
             return Decision(text=f"Which booking should I {verb}? Please give me its booking id.")
         return self._call(tool, {"booking_id": booking_id}, otherwise=f"I can't {verb} bookings here.")
@@ -325,6 +330,9 @@ class Conversation:
             return Decision(text=status_text(booking_of(data) or {}))
         if step.name == CANCEL_BOOKING:
             return Decision(text=cancel_text(booking_of(data) or {}))
+        if step.name == LIST_BOOKINGS:
+            listed = data.get("bookings") if isinstance(data, Mapping) else None
+            return Decision(text=bookings_text([b for b in listed or [] if isinstance(b, Mapping)]))
         return Decision(text=f"Done: {json.dumps(data)[:300]}")
 
     def _after_search(self, step: _Step, data: Any) -> Decision:
@@ -389,4 +397,5 @@ class Conversation:
             BOOK_HOTEL: f"book {self._hotel_name(step)}",
             GET_BOOKING: "look up the booking",
             CANCEL_BOOKING: "cancel the booking",
+            LIST_BOOKINGS: "list your bookings",
         }.get(step.name, f"run {step.name}")

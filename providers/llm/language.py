@@ -186,6 +186,11 @@ _STATUS = re.compile(
     r"check (?:on )?(?:my |the )?booking|look up (?:my |the )?booking|show (?:me )?(?:my |the )?booking)\b",
     re.I,
 )
+_LIST = re.compile(
+    r"\b(?:(?:my|our|all) (?:bookings|reservations)|(?:bookings|reservations) (?:do|have) (?:i|we)|"
+    r"list (?:my |the )?(?:bookings|reservations))\b",
+    re.I,
+)
 _BOOK = re.compile(r"\b(?:book|reserve|i'?ll take|we'?ll take|take|go (?:for|with)|choose|pick|want|i'?d like)\b", re.I)
 _SEARCH = re.compile(
     r"\b(?:hotels?|rooms?|stay|search|find|look(?:ing)? for|accommodation|place to stay|options)\b", re.I
@@ -200,6 +205,8 @@ class Intent(StrEnum):
     SEARCH = "search"
     BOOK = "book"
     STATUS = "status"
+    LIST = "list"
+    """The person's bookings ("what bookings do I have?")."""
     CANCEL = "cancel"
     THANKS = "thanks"
     DECLINE = "decline"
@@ -514,6 +521,8 @@ def read(text: str, today: date, cities: Sequence[str] = ()) -> Reading:
     booking_id = find_booking_id(text)
     if _CANCEL.search(text):
         intent = Intent.CANCEL
+    elif _LIST.search(text) and not booking_id:
+        intent = Intent.LIST
     elif _STATUS.search(text) or (booking_id and not mentions_stay and not wants_booking):
         intent = Intent.STATUS
     elif (wants_booking and (selection.explicit or not mentions_stay) and not _SEARCH.search(text)) or (

@@ -11,6 +11,7 @@ __all__ = [
     "HELP",
     "ask_for_search",
     "booked_text",
+    "bookings_text",
     "cancel_text",
     "explain",
     "failure_text",
@@ -44,6 +45,10 @@ _EXPLANATIONS = {
     "provider_unavailable": "the service behind it is not answering right now; please try again in a moment",
     "timeout": "it took too long; please try again",
     "already_final": "the booking is already final and can no longer be cancelled",
+    "stay_started": "the stay has started, so it can no longer be cancelled",
+    "not_refundable": "it is a non-refundable rate, so it cannot be cancelled",
+    "fee_exceeds_limit": "the cancellation fee went up since you approved it, so nothing was cancelled",
+    "unknown_booking": "I can't find that booking among yours",
     "approval_expired": "the approval expired before it was given",
 }
 
@@ -142,12 +147,28 @@ def status_text(booking: Mapping[str, Any]) -> str:
 
 
 def cancel_text(booking: Mapping[str, Any]) -> str:
-    """After ``cancel_booking``: cancelled, or asked to be (it stops at its next step)."""
+    """After ``cancel_booking``: cancelled, or asked to be (it stops at its next step), with the refund of a
+    confirmed stay."""
     booking_id = booking.get("booking_id", "?")
     status = booking.get("status", "unknown")
+    refund = booking.get("refund")
+    back = ""
+    if isinstance(refund, Mapping):
+        back = f" You get {_money(refund.get('amount'), refund.get('currency'))} back"
+        back += f" (a fee of {_money(refund.get('fee'), refund.get('currency'))})." if refund.get("fee") else "."
     if status == "cancelled":
-        return f"Booking {booking_id} is cancelled."
+        return f"Booking {booking_id} is cancelled.{back}"
+    if status == "cancelling":
+        return f"Booking {booking_id} is being cancelled.{back}"
     return f"Cancel requested for booking {booking_id}; it is {status} now and stops at its next step."
+
+
+def bookings_text(bookings: Sequence[Mapping[str, Any]]) -> str:
+    """After ``list_bookings``: each booking in a line, newest first."""
+    if not bookings:
+        return "You have no bookings yet. Shall I search for a hotel?"
+    lines = [status_text(booking) for booking in bookings]
+    return f"You have {_plural(len(bookings), 'booking')}: " + " ".join(lines)
 
 
 def failure_text(what: str, error: Mapping[str, Any]) -> str:

@@ -109,27 +109,8 @@ def book_through_the_chat(stack: Stack, chat_id: str, args: dict[str, Any]) -> d
 # --------------------------------------------------------------------------------------------------- attacks
 
 
-def test_a_foreign_booking_can_be_neither_read_nor_cancelled(stack: Stack) -> None:
-    foreign = stack.book()
-    assert stack.wait(foreign["booking_id"])["status"] == "confirmed"
-    chat_id = new_chat(stack)
-    stack.script_model(
-        [
-            calls(("get_booking", {"booking_id": foreign["booking_id"]})),
-            calls(("cancel_booking", {"booking_id": foreign["booking_id"]})),
-            calls(("get_booking", {"booking_id": "bk_no_such_booking"})),
-            text("I could not find it."),
-        ]
-    )
-    say(stack, chat_id, "what about my booking?")
-    view = chat(stack, chat_id)
-    assert view["status"] == "idle" and view["pending_approval"] is None, view
-    seen = results(stack, chat_id)
-    assert [error_code(r) for r in seen] == ["unknown_booking"] * 3, seen
-    # a foreign id answers exactly as an unknown one: nothing about the other booking reaches the model
-    foreign_answer, _, unknown_answer = (r["content"]["error"]["message"] for r in seen)
-    assert foreign_answer.replace(foreign["booking_id"], "ID") == unknown_answer.replace("bk_no_such_booking", "ID")
-    assert stack.booking(foreign["booking_id"])["status"] == "confirmed"
+# Another person's booking, neither listed, read nor cancelled, answered as an unknown id: with people's identities
+# on, in tests/e2e/test_concierge_bookings.py (this stack runs without them: every chat is the same nobody's).
 
 
 def test_a_cancel_the_person_did_not_ask_for_waits_for_their_approval(stack: Stack) -> None:

@@ -29,6 +29,7 @@ from graph.concierge.tools import (
     validate_tool_args,
 )
 from graph.concierge.views import MAX_THIRD_PARTY_CHARS, booking_view, offer_view, third_party_text
+from infra.a2a.errors import A2ASkillError
 
 CHECKIN = (date.today() + timedelta(days=30)).isoformat()
 CHECKOUT = (date.today() + timedelta(days=32)).isoformat()
@@ -94,19 +95,29 @@ def test_third_party_text_is_capped_and_stripped_of_control_and_bidi_characters(
 
 
 class Peer:
+    """booking-agent as the concierge reaches it, acting for the chat's owner: only ``mine`` is theirs."""
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
         self.calls.append((skill, data))
-        return {"booking_id": data["booking_id"], "status": "confirmed", "hotel_name": "Azul", "payment_id": "pay_1"}
+        if data.get("booking_id") != "mine":  # another person's, or nobody's: booking-agent answers the same
+            raise A2ASkillError("not_found", f"no booking {data.get('booking_id')}")
+        return {
+            "booking_id": "mine",
+            "status": "cancelled",
+            "hotel_name": "Azul",
+            "payment_id": "pay_1",
+            "checkin": "2031-01-10",
+        }
 
 
 @pytest.mark.parametrize("name", ["get_booking", "cancel_booking"])
-def test_a_booking_outside_the_chat_is_unknown_and_nobody_is_asked(name: str) -> None:
+def test_a_booking_not_the_persons_is_unknown_and_says_nothing_about_it(name: str) -> None:
     peer = Peer()
     deps = cast(ConciergeDeps, SimpleNamespace(booking_agent=peer, search_agent=peer))
-    context = ToolContext(deps, "chat", frozenset({"mine"}))
+    context = ToolContext(deps, "chat", frozenset())  # not the chat's: any booking of the person's counts
     tool = TOOLS_BY_NAME[name]
     run = tool.run if tool.approval is None else tool.approval.terms
     assert run is not None
@@ -114,10 +125,9 @@ def test_a_booking_outside_the_chat_is_unknown_and_nobody_is_asked(name: str) ->
         with pytest.raises(InvalidToolCallError) as refused:
             asyncio.run(run(context, {"booking_id": other}))  # type: ignore[arg-type]
         error = json.loads(answer_error(refused.value))["error"]
-        assert error == {"code": ErrorCode.UNKNOWN_BOOKING, "message": f"booking_id: no booking {other} in this chat"}
-    assert peer.calls == []
+        assert error == {"code": ErrorCode.UNKNOWN_BOOKING, "message": f"booking_id: no booking {other} of yours"}
     asyncio.run(run(context, {"booking_id": "mine"}))  # type: ignore[arg-type]
-    assert peer.calls == [("get_booking", {"booking_id": "mine"})]
+    assert peer.calls[-1] == ("get_booking", {"booking_id": "mine"})
 
 
 def test_only_reads_answer_a_repeat_and_the_same_call_is_the_same_arguments_in_any_order() -> None:
@@ -192,6 +202,8 @@ def test_guided_book_hotel_is_offered_once_a_result_shows_hotels_and_the_booking
     refused = [ToolMessage(answer_error(refusal), tool_call_id="call-2")]
     assert _offered(refused) == (["search_hotels", "book_hotel"], None)  # a refusal that shows the offers
     assert _offered(_search_result([offer]), has_booking=True) == (list(TOOLS_BY_NAME), None)
-    assert _offered([], has_booking=True) == (["search_hotels", "get_booking", "cancel_booking"], "required")
+    # a person with a booking (from any chat) may ask about it: the booking tools, and no search forced on them
+    every_read = ["search_hotels", "list_bookings", "get_booking", "cancel_booking"]
+    assert _offered([], has_booking=True) == (every_read, None)
     # one offer object per set of tools: the model client binds each once
     assert offer_for([], False, guided=True, first_call=True) is offer_for([], False, guided=True, first_call=True)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, SEARCH_HOTELS, TOOL_NAMES
+from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, LIST_BOOKINGS, SEARCH_HOTELS, TOOL_NAMES
 from providers.inventory import CITIES
 from providers.llm.conversation import Conversation, Decision
 from providers.llm.language import Intent, read, resolve_day
@@ -392,8 +392,12 @@ def test_status_and_cancel_use_the_id_given_or_the_one_in_the_conversation() -> 
     )
     assert called(decide(*booked, user("cancel it"))) == (CANCEL_BOOKING, {"booking_id": BOOKING})
     assert called(decide(*booked, user("is my booking confirmed?"))) == (GET_BOOKING, {"booking_id": BOOKING})
-    unknown = decide(user("cancel my booking"))
+    unknown = decide(user("cancel my booking"), tools=(SEARCH_HOTELS, BOOK_HOTEL, GET_BOOKING, CANCEL_BOOKING))
     assert unknown.text == "Which booking should I cancel? Please give me its booking id."
+    # offered the person's list: it looks which bookings there are first, from any chat
+    assert called(decide(user("cancel my booking"))) == (LIST_BOOKINGS, {})
+    assert called(decide(user("What bookings do I have?"))) == (LIST_BOOKINGS, {})
+    assert decide(user("What bookings do I have?"), tools=(SEARCH_HOTELS,)).text == "I can't list your bookings here."
 
 
 def test_after_get_booking_and_cancel_booking() -> None:
