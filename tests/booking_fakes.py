@@ -34,15 +34,26 @@ class SearchAgent:
 class PaymentAgent:
     """payment-agent: ``charge`` decides the answer to ``charge_payment``; refunds are recorded."""
 
-    def __init__(self, charge: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(
+        self, charge: Callable[[dict[str, Any]], Any], cancel_refund: Callable[[dict[str, Any]], Any] | None = None
+    ) -> None:
         self.charge = charge
+        self.cancel_refund = cancel_refund
+        """Decides the answer to ``refund_cancellation`` (default: refunded)."""
         self.charges: list[dict[str, Any]] = []
         self.refunds: list[dict[str, Any]] = []
+        self.cancel_refunds: list[dict[str, Any]] = []
 
     async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
         if skill == "refund_payment":
             self.refunds.append(data)
             return {"refunded": [], "reference": data["reference"]}
+        if skill == "refund_cancellation":
+            self.cancel_refunds.append(data)
+            if self.cancel_refund is not None:
+                answer = self.cancel_refund(data)
+                return await answer if asyncio.iscoroutine(answer) else answer
+            return {"reference": data["reference"], "refunded": ["pay-1"], "refund_id": "re-1"}
         assert skill == "charge_payment"
         self.charges.append(data)
         result = self.charge(data)

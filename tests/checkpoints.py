@@ -1,9 +1,10 @@
 """Checkpoints recorded from a graph's shape, kept in tests/data/checkpoints/ as fixtures: the migrations a later
 shape declares are tested against them (tests/integration/test_checkpoint_fixtures.py; docs/upgrades.md).
 
-``python -m tests.checkpoints`` records the booking graph's current shape, a run whose process died mid-charge (the
-hold taken, the charge not answered), into ``booking@<fingerprint>.json``; record it before changing the shape, so
-the next shape's migration has the previous one's checkpoint to be tested against.
+``python -m tests.checkpoints`` records each durable graph's current shape: a booking run whose process died
+mid-charge (the hold taken, the charge not answered) into ``booking@<fingerprint>.json``, and a confirmed booking's
+cancel that died mid-refund (the stay cancelled, the refund not answered) into ``cancellation@<fingerprint>.json``;
+record before changing a shape, so the next shape's migration has the previous one's checkpoint to be tested against.
 """
 
 from __future__ import annotations
@@ -144,6 +145,86 @@ async def record_booking(redis: Any, booking_id: str) -> dict[str, Any]:
     return await dump(saver, booking_id, BOOKING_GRAPH, version)
 
 
+# ------------------------------------------------------------------------------------ the cancellation graph
+
+REFUND = {"amount": 200.0, "fee": 0.0, "currency": "EUR"}
+"""What the recorded cancel gives back: the whole stay (cancelled before its free cancellation ended)."""
+
+
+async def record_cancellation(redis: Any, booking_id: str) -> dict[str, Any]:
+    """A confirmed booking's cancel of the current shape that died mid-refund: the stay cancelled at the hotel, the
+    refund never answered."""
+    from domain.booking import BookingStatus
+    from graph.booking import BookingDeps
+    from graph.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH, cancel_thread_id, cancellation_input
+    from infra.bookings import BookingStore
+    from infra.clients.providers import HotelApiClient
+    from infra.payment_tokens import PaymentTokens
+    from resilience import budget_scope
+    from runs.runner import run_config
+    from runs.versions import graph_fingerprint
+
+    def die(data: dict[str, Any]) -> Any:
+        raise Died("kill -9 while the refund waited at payment-api")
+
+    api = HotelApi()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(api.handle), base_url="http://hotel-api")
+    async with HotelApiClient(http=http) as hotels:
+        store = BookingStore(redis)
+        deps = BookingDeps(
+            redis=redis,
+            bookings=store,
+            payment_tokens=PaymentTokens(redis),
+            hotels=hotels,
+            search_agent=SearchAgent([offer("h1", 100)]),
+            payment_agent=PaymentAgent(lambda data: {}, cancel_refund=die),
+        )
+        saver = InMemorySaver()
+        graph = CANCELLATION_BUILDERS[0](deps, saver)
+        version = graph_fingerprint(graph)
+        thread_id = cancel_thread_id(booking_id)
+        booking = await confirmed_booking(store, booking_id)
+        await store.begin_cancel(booking_id, REFUND, thread_id)
+        try:
+            with budget_scope(30.0):
+                await graph.ainvoke(
+                    cancellation_input(booking, REFUND), run_config(thread_id, version), durability="sync"
+                )
+        except Died:
+            pass
+        else:
+            raise AssertionError("the recorded cancel was to die in its refund")
+        assert (await store.status(booking_id)) == BookingStatus.CANCELLING
+    await http.aclose()
+    return await dump(saver, thread_id, CANCELLATION_GRAPH, version)
+
+
+async def confirmed_booking(store: Any, booking_id: str) -> dict[str, Any]:
+    """A confirmed booking of ``BOOKING_REQUEST``'s stay at ``h1`` (200 EUR, free cancellation), as a saga leaves it."""
+    from domain.booking import BookingStatus
+
+    await store.create(booking_id, BOOKING_REQUEST)
+    policy = {"free_until": "2099-01-01T00:00:00Z", "fee": 100.0, "currency": "EUR", "refundable": True}
+    await store.finalize(
+        booking_id,
+        BookingStatus.CONFIRMED,
+        hotel_id="h1",
+        hotel_name="Hotel h1",
+        total_price=200.0,
+        currency="EUR",
+        reservation_id="res-h1",
+        payment_id="pay-1",
+        cancellation=policy,
+    )
+    booking: dict[str, Any] | None = await store.get(booking_id)
+    assert booking is not None
+    return booking
+
+
+RECORDERS = {"booking": record_booking, "cancellation": record_cancellation}
+"""Graph name → how its current shape's checkpoint is recorded (each a run that died mid-step)."""
+
+
 async def _main() -> int:
     from infra.redis import create_redis
     from infra.settings import get_settings
@@ -152,15 +233,16 @@ async def _main() -> int:
     get_settings.cache_clear()
     redis = create_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     try:
-        fixture = await record_booking(redis, "booking-recorded")
+        fixtures = [await record(redis, f"{name}-recorded") for name, record in RECORDERS.items()]
         async for key in redis.scan_iter(match=f"{os.environ['CONCIERGE_KEY_PREFIX']}*"):
             await redis.delete(key)
     finally:
         await redis.aclose()
-    path = fixture_path(fixture["graph"], fixture["version"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+    for fixture in fixtures:
+        path = fixture_path(fixture["graph"], fixture["version"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")
+        print(f"recorded {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     return 0
 
 

@@ -26,6 +26,7 @@ from graph.booking import (
     _next_or_compensate,
     _then_ask_for_cancel,
 )
+from graph.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH, cancel_thread_id
 from graph.concierge import CONCIERGE_BUILDERS, CONCIERGE_GRAPH, CONCIERGE_MIGRATIONS
 from graph.migrations import unknown_names
 from infra.bookings import BookingStore
@@ -36,7 +37,15 @@ from resilience import budget_scope, bulkhead_registry, circuit_registry, set_te
 from runs.runner import run_config
 from runs.versions import graph_fingerprint
 from tests.booking_fakes import HotelApi, PaymentAgent, SearchAgent, offer
-from tests.checkpoints import BOOKING_REQUEST, fixture_path, load, read, record_booking
+from tests.checkpoints import (
+    BOOKING_REQUEST,
+    RECORDERS,
+    REFUND,
+    confirmed_booking,
+    fixture_path,
+    load,
+    read,
+)
 
 CURRENT = graph_fingerprint(BOOKING_BUILDERS[0](None))  # type: ignore[arg-type]
 RECORDED = "ce82de42196f23b8"
@@ -116,18 +125,48 @@ async def world(redis: Any, postgres_url: str) -> AsyncIterator[World]:
     await http.aclose()
 
 
-def test_the_current_booking_shape_has_a_recorded_checkpoint() -> None:
-    path = fixture_path(BOOKING_GRAPH, CURRENT)
-    assert path.exists(), f"no checkpoint recorded from booking@{CURRENT}: run python -m tests.checkpoints"
+@pytest.mark.parametrize("name", sorted(RECORDERS))
+def test_the_current_shape_of_each_durable_graph_has_a_recorded_checkpoint(name: str) -> None:
+    version = version_list_current(name)
+    path = fixture_path(name, version)
+    assert path.exists(), f"no checkpoint recorded from {name}@{version}: run python -m tests.checkpoints"
 
 
-async def test_the_fixture_of_the_current_shape_is_what_it_records_today(redis: Any) -> None:
-    recorded = await record_booking(redis, "b-today")
-    kept = read(BOOKING_GRAPH, CURRENT)
-    assert recorded["version"] == kept["version"] == CURRENT
+def version_list_current(name: str) -> str:
+    builders = {BOOKING_GRAPH: BOOKING_BUILDERS, CANCELLATION_GRAPH: CANCELLATION_BUILDERS}[name]
+    return graph_fingerprint(builders[0](None))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", sorted(RECORDERS))
+async def test_the_fixture_of_the_current_shape_is_what_it_records_today(redis: Any, name: str) -> None:
+    recorded = await RECORDERS[name](redis, f"{name}-today")
+    current = version_list_current(name)
+    kept = read(name, current)
+    assert recorded["version"] == kept["version"] == current
     assert set(recorded["checkpoint"]["channel_values"]) == set(kept["checkpoint"]["channel_values"])
     assert set(recorded["checkpoint"]["versions_seen"]) == set(kept["checkpoint"]["versions_seen"])
     assert "tok_visa" not in repr(recorded), "no card token in a checkpoint"
+
+
+async def test_a_recorded_cancellation_resumes_at_its_refund_and_refunds_once(world: World) -> None:
+    graph = CANCELLATION_BUILDERS[0](world.deps, world.saver)
+    current = graph_fingerprint(graph)
+    fixture = read(CANCELLATION_GRAPH, current)
+    thread_id = cancel_thread_id("c-own")
+    fixture["checkpoint"]["channel_values"]["booking_id"] = {"json": "c-own"}
+    await load(world.saver, fixture, thread_id)
+    await confirmed_booking(world.store, "c-own")
+    await world.store.begin_cancel("c-own", REFUND, thread_id)
+    assert (await graph.aget_state(run_config(thread_id))).next == ("refund",)
+
+    with budget_scope(30.0):
+        state = await graph.ainvoke(None, run_config(thread_id, current), durability="sync")
+
+    assert state["status"] == "cancelled"
+    assert world.payment.cancel_refunds == [{"reference": "c-own"}], "refunded once, as the record says"
+    assert world.api.requests == [], "the stay, cancelled before the crash, is not cancelled again"
+    record = await world.store.get("c-own")
+    assert record is not None and record["status"] == "cancelled" and record["refund"] == REFUND
 
 
 async def test_a_recorded_booking_resumes_at_its_charge_on_its_own_shape(world: World) -> None:
