@@ -1,7 +1,9 @@
 """The booking records users poll: input, progress and outcome of every accepted booking, in Redis.
 
 A booking is written before its 202 is sent and only moves forward: once ``confirmed``, ``failed`` or
-``cancelled`` it never changes again, whichever process (the owner, a stale owner, the recovery worker) tries.
+``cancelled`` its saga can change it no more, whichever process (the owner, a stale owner, the recovery worker)
+tries. The one way on from ``confirmed`` is a cancel of the stay: ``begin_cancel`` (→ ``cancelling``), then
+``finalize`` (``cancelled``) or ``keep_confirmed`` (back, saying why), each one script (``graph.cancellation``).
 Client idempotency keys map to booking ids here too, so a retried ``POST /bookings`` finds the booking it already
 created.
 

@@ -438,7 +438,8 @@ def test_up_without_redis_or_redis_server_fails_fast_and_says_how_to_get_one(tmp
         "CONCIERGE_DATA_DIR": str(tmp_path / "data"),
     }
     for args in (("up",), ("up", "--detach")):
-        result = concierge(env, *args, timeout=60)
+        # ports of its own: a stack of `make up` on the default ones must not answer first (its ports are busy)
+        result = concierge(env, *args, *port_flags(), timeout=60)
         assert result.returncode == 1
         message = result.stderr.strip()
         assert len(message.splitlines()) == 1 and "Traceback" not in message, message
