@@ -168,9 +168,11 @@ class ConciergeService:
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[Any]] = set()
 
-    async def create_chat(self, owner: str | None) -> str:
+    async def create_chat(self, owner: str | None, *, capped: bool = True) -> str:
+        """A new chat of ``owner``'s; a person's (``capped``) are at most ``PERSON_MAX_CHATS`` at once (429)."""
         chat_id = uuid.uuid4().hex
-        await self.deps.chats.create(chat_id, owner)
+        cap = get_settings().person_max_chats if capped else None
+        await self.deps.chats.create(chat_id, owner, max_chats=cap)
         return chat_id
 
     async def known(self, chat_id: str, who: Caller) -> None:
@@ -488,7 +490,7 @@ _NO_CHAT = detail(404, description="No chat with this id.")
 @app.post("/chats", status_code=201, response_model=Created, responses=answers(*PEOPLE_ANSWERS))
 async def create_chat(response: Response, who: Who) -> Created:
     """A new chat of the caller's: only they (and the operator) see it."""
-    chat_id = await _service().create_chat(who.person)
+    chat_id = await _service().create_chat(who.person, capped=not who.operator)
     response.headers["Location"] = f"/chats/{chat_id}"
     return Created(chat_id=chat_id, status=ChatStatus.IDLE)
 
@@ -662,7 +664,8 @@ async def concierge_skill(data: dict[str, Any]) -> dict[str, Any]:
         )
     chat_id = a2a_chat_id(context_id, person)
     if not await service.deps.chats.exists(chat_id):
-        await service.deps.chats.create(chat_id, person)
+        cap = get_settings().person_max_chats if person is not None else None  # the person's cap, over A2A too
+        await service.deps.chats.create(chat_id, person, max_chats=cap)
     approve = data.get("approve")
     token = data.get("payment_token") if isinstance(data.get("payment_token"), str) else None
     if isinstance(approve, bool):

@@ -27,7 +27,7 @@ from typing import Any, Final, cast
 from domain.chat import CHAT_EVENT_KINDS
 from infra.booking_keys import BOOKINGS_TAG, journal_key
 from infra.journal import encode_entry, instance_id, parse_entries
-from infra.people import person_key
+from infra.people import QuotaExceededError, person_key
 from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
 
@@ -105,16 +105,28 @@ INDEX_MAX: Final = 100_000
 """Chats kept in the ``GET /chats`` indexes (each also trimmed to the chats' retention); the oldest go first."""
 
 # KEYS: chat, index, owner's index | ARGV: now, ttl_s, index max, chat id, owner ('' none)
+# KEYS: chat, index, owner's index | ARGV: now, ttl_s, index max, chat id, owner, the owner's cap (0: none)
+# → {1} created | {0, count, oldest} the owner has ``cap`` chats kept already: nothing created
 _CREATE = RedisScript("""
+for i = 2, 3 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. (tonumber(ARGV[1]) - tonumber(ARGV[2])))
+  redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -1 - tonumber(ARGV[3]))
+end
+local cap = tonumber(ARGV[6])
+if cap > 0 then
+  local count = redis.call('ZCARD', KEYS[3])
+  if count >= cap then
+    local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    return {0, count, oldest[2] or ARGV[1]}
+  end
+end
 redis.call('HSET', KEYS[1], 'chat_id', ARGV[4], 'created_at', ARGV[1], 'messages', '[]', 'owner', ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 for i = 2, 3 do
   redis.call('ZADD', KEYS[i], ARGV[1], ARGV[4])
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. (tonumber(ARGV[1]) - tonumber(ARGV[2])))
-  redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -1 - tonumber(ARGV[3]))
 end
 redis.call('EXPIRE', KEYS[3], ARGV[2])
-return 1
+return {1}
 """)
 
 # KEYS: the message key | ARGV: text digest, ttl_s → 1 same text (or first use), 0 used with another text
@@ -136,11 +148,23 @@ class ChatStore:
         self.ttl_s = settings.journal_ttl_s
         self.token_ttl_s = max(1, round(settings.approval_ttl_s + settings.concierge_turn_budget_s))
 
-    async def create(self, chat_id: str, owner: str | None = None) -> float:
-        """A new chat of ``owner`` (the person's ``sub``; ``None``: nobody's but the operator's)."""
+    async def create(self, chat_id: str, owner: str | None = None, *, max_chats: int | None = None) -> float:
+        """A new chat of ``owner`` (the person's ``sub``; ``None``: nobody's but the operator's);
+        ``QuotaExceededError`` when ``owner`` keeps ``max_chats`` already (``PERSON_MAX_CHATS``, a person's cap)."""
         now = time.time()
         keys = [chat_key(chat_id), _index_key(), _owner_index_key(owner)]
-        await _CREATE(self.redis, keys=keys, args=[repr(now), self.ttl_s, INDEX_MAX, chat_id, owner or ""])
+        cap = max_chats or 0
+        args = [repr(now), self.ttl_s, INDEX_MAX, chat_id, owner or "", cap]
+        reply = await _CREATE(self.redis, keys=keys, args=args)
+        if int(reply[0]) == 0:
+            count, oldest = int(reply[1]), float(text(reply[2]))
+            frees = max(1.0, oldest + self.ttl_s - now)
+            raise QuotaExceededError(
+                "chats",
+                f"you have {count} chats, PERSON_MAX_CHATS: continue one of them; the oldest is kept "
+                f"{frees:.0f} s more",
+                retry_after=frees,
+            )
         return now
 
     async def owner(self, chat_id: str) -> tuple[bool, str | None]:

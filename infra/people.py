@@ -225,8 +225,11 @@ class PersonVerifier:
         jwks: JwksSource,
         capacity: int = 10_000,
         clock: Callable[[], float] = time.time,
+        max_age_s: float | None = None,
     ) -> None:
         self.issuer = issuer
+        self.max_age_s = max_age_s
+        """``iat`` required, and no token older than this or made to live longer (``CONCIERGE_AUTH_MAX_TOKEN_AGE_S``)."""
         self.audience = audience
         self.jwks = jwks
         self._capacity = capacity
@@ -276,7 +279,21 @@ class PersonVerifier:
             )
         except jwt.PyJWTError as exc:
             raise InvalidPersonTokenError(_reason(exc)) from exc
+        if self.max_age_s is not None:
+            self._check_age(claims)
         return _person(claims), float(claims["exp"])
+
+    def _check_age(self, claims: Mapping[str, Any]) -> None:
+        """A token is good for ``max_age_s`` from when it was issued, at most, whatever ``exp`` it was given."""
+        assert self.max_age_s is not None
+        issued, expires = claims.get("iat"), claims.get("exp")
+        if not isinstance(issued, int | float) or isinstance(issued, bool):
+            raise InvalidPersonTokenError("iat: missing")
+        limit, setting = f"{self.max_age_s:g} s", "(CONCIERGE_AUTH_MAX_TOKEN_AGE_S)"
+        if self._clock() - float(issued) > self.max_age_s + LEEWAY_S:
+            raise InvalidPersonTokenError(f"iat: older than {limit} {setting}")
+        if float(expires) - float(issued) > self.max_age_s:  # type: ignore[arg-type]
+            raise InvalidPersonTokenError(f"exp: more than {limit} after iat {setting}")
 
 
 def _person(claims: Mapping[str, Any]) -> Person:
@@ -433,7 +450,12 @@ class PeopleGate:
                 "for tests"
             )
         jwks = JwksSource(url=settings.auth_jwks_url, path=settings.auth_jwks_file)
-        verifier = PersonVerifier(issuer=settings.auth_issuer, audience=settings.auth_audience, jwks=jwks)
+        verifier = PersonVerifier(
+            issuer=settings.auth_issuer,
+            audience=settings.auth_audience,
+            jwks=jwks,
+            max_age_s=settings.auth_max_token_age_s,
+        )
         return cls(verifier, admin)
 
 

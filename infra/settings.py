@@ -133,6 +133,13 @@ class Settings(BaseSettings):
     auth_jwks_file: Path | None = Field(
         None, validation_alias="CONCIERGE_AUTH_JWKS_FILE", description="The issuer's JWKS as a file (a local issuer)."
     )
+    auth_max_token_age_s: float = Field(
+        86_400.0,
+        validation_alias="CONCIERGE_AUTH_MAX_TOKEN_AGE_S",
+        gt=0,
+        description="A person's token is refused once older than this (from `iat`), or when its `exp` is further than "
+        "this from `iat`, whatever its issuer signed: a leaked token is not good for a century.",
+    )
     person_requests_per_min: int | None = Field(
         600,
         validation_alias="PERSON_REQUESTS_PER_MIN",
@@ -141,6 +148,12 @@ class Settings(BaseSettings):
     )
     person_max_streams: int | None = Field(
         10, validation_alias="PERSON_MAX_STREAMS", ge=1, description="Journal streams a person may have open at once."
+    )
+    person_max_chats: int | None = Field(
+        200,
+        validation_alias="PERSON_MAX_CHATS",
+        ge=1,
+        description="Chats a person may keep at once (each kept JOURNAL_TTL_S): a new one beyond is 429.",
     )
     person_tokens_per_day: int | None = Field(
         200_000,

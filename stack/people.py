@@ -36,7 +36,11 @@ __all__ = [
 DEFAULT_USER = "me"
 TOKEN_TTL_S = 3600.0
 """A minted token's life when ``--ttl`` is not given: an hour."""
-MAX_TTL_S = 7 * 24 * 3600.0
+
+
+def max_ttl_s() -> float:
+    """The longest a minted token may live: what the services accept (``CONCIERGE_AUTH_MAX_TOKEN_AGE_S``)."""
+    return get_settings().auth_max_token_age_s
 
 
 def issuer_dir() -> Path:
@@ -99,8 +103,8 @@ def _token(args: argparse.Namespace) -> int:
             ttl = float(args.ttl)
         except ValueError:
             raise UsageError(f"--ttl must be a number of seconds, got {args.ttl!r}") from None
-        if not 1 <= ttl <= MAX_TTL_S:
-            raise UsageError(f"--ttl must be between 1 and {MAX_TTL_S:g} seconds, got {args.ttl}")
+        if not 1 <= ttl <= max_ttl_s():
+            raise UsageError(f"--ttl must be between 1 and {max_ttl_s():g} seconds, got {args.ttl}")
     user = args.user if args.user is not None else default_user()
     if not user.strip() or len(user) > 255:
         raise UsageError("--user must be a name of 1 to 255 characters")

@@ -140,11 +140,13 @@ AGENT_SKILLS = {
     "booking-agent": {
         "book_hotel": ["city", "checkin", "checkout", "guests", "payment_token"],
         "get_booking": ["booking_id"],
+        "list_bookings": [],
         "cancel_booking": ["booking_id"],
     },
     "payment-agent": {
         "charge_payment": ["amount", "currency", "payment_token", "reference"],
         "refund_payment": ["reference"],
+        "refund_cancellation": ["reference"],
     },
 }
 

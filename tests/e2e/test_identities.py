@@ -30,6 +30,7 @@ from tests.stack import CORE, Stack, fresh_database, stay
 pytestmark = pytest.mark.e2e
 
 SERVICES = (*CORE, "llm-api", "recovery-worker", "concierge-agent")
+MAX_CHATS = 4
 REQUESTS_PER_MIN = 150
 TOKENS_PER_DAY = 15_000
 """About a dozen of the simulator's answers: another test's person never gets near it."""
@@ -93,6 +94,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, issuer: Loca
         "PERSON_REQUESTS_PER_MIN": str(REQUESTS_PER_MIN),
         "PERSON_MAX_STREAMS": str(MAX_STREAMS),
         "PERSON_TOKENS_PER_DAY": str(TOKENS_PER_DAY),
+        "PERSON_MAX_CHATS": str(MAX_CHATS),
         "ORPHAN_SCAN_INTERVAL": "0.2",
         "IDEMPOTENCY_LEASE_S": "2",
     }
@@ -274,6 +276,10 @@ def test_every_kind_of_bad_token_is_refused(
         "an unknown kid": stranger.mint("mallory"),
         "a forged signature": signed(stranger, claims, kid=issuer.kid),
         "no sub": signed(issuer, {k: v for k, v in claims.items() if k != "sub"}),
+        # good for a century, or issued two days ago: not a day's token (CONCIERGE_AUTH_MAX_TOKEN_AGE_S)
+        "a 100-year exp": issuer.mint("mallory", ttl_s=100 * 365 * 86_400),
+        "issued two days ago": signed(issuer, claims | {"iat": now - 2 * 86_400}),
+        "no iat": signed(issuer, {k: v for k, v in claims.items() if k != "iat"}),
     }
     for what, token in bad.items():
         for url in (f"{agent}/bookings", f"{stack.url('concierge-agent')}/chats"):
@@ -286,6 +292,24 @@ def test_every_kind_of_bad_token_is_refused(
 
 
 # ------------------------------------------------------------------------------------------------- chats
+
+
+def test_a_person_keeps_at_most_person_max_chats_and_others_are_not_held_by_it(
+    http: httpx.Client, stack: Stack, issuer: LocalIssuer
+) -> None:
+    concierge = stack.url("concierge-agent")
+    hoarder, other = person(issuer, "hoarder"), person(issuer, "other")
+    for _ in range(MAX_CHATS):
+        assert http.post(f"{concierge}/chats", headers=hoarder).status_code == 201
+    refused = http.post(f"{concierge}/chats", headers=hoarder)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "quota_exceeded" and "PERSON_MAX_CHATS" in refused.text
+    assert int(refused.headers["Retry-After"]) >= 1
+    listed = http.get(f"{concierge}/chats", headers=hoarder).json()
+    assert len(listed["chats"]) == MAX_CHATS, listed  # nothing was created by the refusal
+    assert http.post(f"{concierge}/chats", headers=other).status_code == 201
+    operator = {"Authorization": f"Bearer {stack.admin_token}"}
+    assert http.post(f"{concierge}/chats", headers=operator).status_code == 201  # the operator's are not capped
 
 
 def test_a_chat_is_its_owners_and_the_concierge_books_for_them(

@@ -109,8 +109,9 @@ def test_a_rolling_restart_moves_every_service_onto_the_checkout_one_at_a_time_a
     assert token_answer.returncode == 0, token_answer.stderr
     token = token_answer.stdout.strip()
 
-    # a booking parked mid-charge, handed to the recovery queue by a graceful stop, with no worker to take it
-    assert concierge(env, code, "fault", "payment-api", "--latency", "3").returncode == 0
+    # a booking parked mid-charge, handed to the recovery queue by a graceful stop, with no worker to take it (the
+    # charge waits long enough for two CLI starts on a loaded machine: the drain cuts it after 10 s, handed off)
+    assert concierge(env, code, "fault", "payment-api", "--latency", "30").returncode == 0
     checkin, checkout = stay(days_ahead=47)
     body = {"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2, "payment_token": "tok_visa"}
     made = httpx.post(f"{agent}/bookings", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
@@ -120,6 +121,8 @@ def test_a_rolling_restart_moves_every_service_onto_the_checkout_one_at_a_time_a
     for service in ("recovery-worker", "booking-agent"):
         stopped = concierge(env, code, "stop", service, timeout=180)
         assert stopped.returncode == 0, stopped.stderr
+    in_flight = concierge(env, code, "runs", "--json")  # from Redis: booking-agent is down
+    assert in_flight.returncode == 0 and booking_id in in_flight.stdout, "handed off mid-charge, not finished"
 
     # the deploy: the checkout changes under the running stack, then every service moves onto it
     module = code / "graph" / "booking.py"

@@ -293,3 +293,40 @@ class _FrozenDatetime:
         import datetime as dt
 
         return getattr(dt.datetime, name)
+
+
+async def test_a_token_made_to_live_longer_than_the_max_age_or_grown_older_is_refused(
+    issuer: LocalIssuer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [2_000_000.0]
+    verifier = PersonVerifier(
+        issuer=ISSUER,
+        audience="concierge",
+        jwks=JwksSource(path=issuer.jwks_path),
+        clock=lambda: now[0],
+        max_age_s=86_400,
+    )
+    monkeypatch.setattr(jwt.api_jwt, "datetime", _FrozenDatetime(now))
+    century = issuer.mint("ana", now=now[0], ttl_s=100 * 365 * 86_400)
+    with pytest.raises(InvalidPersonTokenError, match=r"exp: more than 86400 s after iat"):
+        await verifier.verify(century)
+    day = issuer.mint("ana", now=now[0], ttl_s=86_400)
+    assert await verifier.verify(day) == Person("ana")
+    # signed without iat, whatever its exp: refused once a max age is set
+    no_iat = jwt.encode(
+        {"iss": ISSUER, "sub": "ana", "aud": "concierge", "exp": int(now[0]) + 60},
+        issuer._private,
+        algorithm="ES256",
+        headers={"kid": issuer.kid},
+    )
+    with pytest.raises(InvalidPersonTokenError, match="iat: missing"):
+        await verifier.verify(no_iat)
+    # issued long ago with an exp still ahead (a clock-skewed issuer): too old, whatever exp says
+    stale = jwt.encode(
+        {"iss": ISSUER, "sub": "ana", "aud": "concierge", "iat": int(now[0]) - 90_000, "exp": int(now[0]) + 60},
+        issuer._private,
+        algorithm="ES256",
+        headers={"kid": issuer.kid},
+    )
+    with pytest.raises(InvalidPersonTokenError, match=r"exp: more than|iat: older than"):
+        await verifier.verify(stale)
