@@ -77,8 +77,8 @@ up: $(STAMP)
 	$(BIN)/concierge up $(UP_ARGS)
 
 # Five minutes of `concierge chaos` (random faults under 8 clients and 2 conversations, then the verdict) against a
-# fresh stack of its own (scripts/chaos_run.py: own Redis, a new Postgres database when one answers; `--chats 2` unless
-# CHAOS_ARGS names --chats); e.g. CHAOS_ARGS="-- --seed 101".
+# fresh stack of its own (scripts/chaos_run.py: own Redis, a new Postgres database when one answers; `--chats 2` and
+# `--cancel-confirmed 0.1` unless CHAOS_ARGS names them); e.g. CHAOS_ARGS="-- --seed 101".
 chaos: $(STAMP)
 	$(BIN)/python scripts/chaos_run.py $(CHAOS_ARGS)
 

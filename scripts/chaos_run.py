@@ -7,7 +7,8 @@ file in the data directory), and a new Postgres database on ``ADMIN_URL``'s serv
 ``TEST_DATABASE_URL``, default ``postgresql://postgres@127.0.0.1:5432/postgres``) when that server answers, so the
 ``postgres`` fault drops connections of this stack only; else the SQLite checkpointer. Exits with ``chaos``'s code;
 the data directory (logs, verdict.json) is kept with ``--keep`` and printed either way. ``chaos`` gets ``--chats 2``
-(two conversations beside the clients) unless its options name ``--chats``.
+(two conversations beside the clients) unless its options name ``--chats``, and ``--cancel-confirmed 0.1`` (a tenth
+of the confirmed stays cancelled and refunded under faults) unless they name ``--cancel-confirmed``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ CONCIERGE = (sys.executable, "-m", "stack.cli")
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_CHATS = 2
 """Conversations a run drives unless told otherwise: the approvals and the model's faults in every `make chaos`."""
+DEFAULT_CANCEL_CONFIRMED = "0.1"
+"""The share of confirmed stays a run cancels unless told otherwise: the refund promise in every `make chaos`."""
 UP_TIMEOUT_S = 240
 """A loaded machine starts the stack in minutes, not seconds: the run is not the place to fail on that."""
 
@@ -67,6 +70,16 @@ def fresh_database(admin_url: str | None) -> Iterator[str | None]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def chaos_options(given: list[str]) -> list[str]:
+    """The options after ``--``, with this script's defaults before them for what they do not name themselves (``--x
+    V`` or ``--x=V``): ``make chaos`` always drives conversations and cancels confirmed stays unless told not to."""
+    options = [a for a in given if a != "--"]
+    for option, default in (("--cancel-confirmed", DEFAULT_CANCEL_CONFIRMED), ("--chats", str(DEFAULT_CHATS))):
+        if not any(a == option or a.startswith(f"{option}=") for a in options):
+            options = [option, default, *options]
+    return options
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="chaos_run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port-base", type=int, default=None)
@@ -75,9 +88,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
     parser.add_argument("chaos", nargs=argparse.REMAINDER, help="options for `concierge chaos` (after --)")
     args = parser.parse_args()
-    chaos_args = [a for a in args.chaos if a != "--"]
-    if not any(a == "--chats" or a.startswith("--chats=") for a in chaos_args):
-        chaos_args = ["--chats", str(DEFAULT_CHATS), *chaos_args]
+    chaos_args = chaos_options(args.chaos)
     admin_url = None if args.sqlite else (
         args.postgres or os.environ.get("CHAOS_POSTGRES_URL") or os.environ.get("TEST_DATABASE_URL") or DEFAULT_ADMIN_URL
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """``concierge chaos``: random faults against the running stack under a closed-loop load, then heal and judge.
 
     concierge chaos [--duration S] [--every MIN-MAX] [--seed N] [--faults KIND,...] [--at-once N]
-                    [--clients N] [--cancel-rate R] [--chats N] [--settle S] [--strict] [--json PATH]
+                    [--clients N] [--cancel-rate R] [--cancel-confirmed R] [--chats N] [--settle S] [--strict]
+                    [--json PATH]
 
 Every ``--every`` seconds (3–8 by default) one fault starts, unless ``--at-once`` (3) are already running: ``kill``
 (kill -9 of a service; the supervisor restarts it), ``pause`` (SIGSTOP for 2–6 s, then SIGCONT), ``restart``
@@ -9,12 +10,14 @@ Every ``--every`` seconds (3–8 by default) one fault starts, unless ``--at-onc
 file), ``postgres`` (``pg_terminate_backend`` of every other connection to ``DATABASE_URL``'s database), ``errors``
 / ``slow`` (a provider answering 30% 503s / 2 s late for 5–15 s, through its ``/admin/faults`` as ``concierge fault``
 does), ``cut`` (llm-api dropping its answers mid-stream). Meanwhile ``--clients`` (8) book one stay after another,
-each waiting for its booking to be final, cancelling a ``--cancel-rate`` share of them, and ``--chats`` (0)
-conversations ask concierge-agent for stays and approve or refuse them (``stack.chaos_chats``); with chats, llm-api
-is faulted too. Then everything is healed, every booking waited for (``--settle``) and the verdict
-printed (``stack.chaos_verdict``). Exit 1 when a promise broke (a booking not final, a ledger disagreement, a 5xx
-other than 503), or with ``--strict`` when a target was missed. A compose stack (no local supervisor) gets the
-faults that need no process of ours: provider faults and, with ``DATABASE_URL``, Postgres. ``docs/chaos.md``.
+each waiting for its booking to be final, cancelling a ``--cancel-rate`` share of them in flight and a
+``--cancel-confirmed`` (0) share of the confirmed ones afterwards (each followed until it is cancelled), and
+``--chats`` (0) conversations ask concierge-agent for stays and approve or refuse them (``stack.chaos_chats``);
+with chats, llm-api is faulted too. Then everything is healed, every booking waited for (``--settle``) and the
+verdict printed (``stack.chaos_verdict``). Exit 1 when a promise broke (a booking not final, a ledger disagreement,
+a 5xx other than 503, a cancelled stay not refunded total − fee exactly once), or with ``--strict`` when a target
+was missed. A compose stack (no local supervisor) gets the faults that need no process of ours: provider faults
+and, with ``DATABASE_URL``, Postgres. ``docs/chaos.md``.
 """
 
 from __future__ import annotations
@@ -50,13 +53,17 @@ from recovery.queue import DeadLetterQueue
 from stack.book import booking_agent_urls
 from stack.chaos_chats import TRY_AGAIN, Conversations, retry_after
 from stack.chaos_verdict import (
+    ACCEPTED_CANCEL,
     ApprovalRecord,
     BookingOutcome,
     ChatJudgement,
     ChatRecord,
     FaultRecord,
+    RefundJudgement,
+    StayCancel,
     iso_epoch,
     judge_chats,
+    judge_refunds,
     refusal_to_failed,
     render_verdict,
     summarize,
@@ -68,7 +75,7 @@ from stack.dlq import CommandError, redis_command
 from stack.errors import StackError
 from stack.state import InstanceState, StackPaths, StackState, is_stack_process
 from stack.target import admin_token, provider_url
-from stack.verify import check_ledgers, ledger_charges
+from stack.verify import check_ledgers, ledger_charges, ledger_refunds
 
 __all__ = ["FAULT_KINDS", "PROCESS_FAULTS", "ChaosPlan", "parse_range", "register_chaos"]
 
@@ -90,6 +97,8 @@ PAUSE_S = (2.0, 6.0)
 DOWN_S = (1.0, 4.0)
 PROVIDER_FAULT_S = (5.0, 15.0)
 CANCEL_AFTER_S = (0.0, 3.0)
+STAY_CANCEL_STATUSES = frozenset({"cancelling", "cancelled"})
+"""A cancel answered with one of these and a ``refund`` cancelled a confirmed stay (not a booking in flight)."""
 LONG_POLL_S = 10.0
 REQUEST_TIMEOUT_S = 5.0
 HEAL_TIMEOUT_S = 90.0
@@ -110,6 +119,8 @@ class ChaosPlan:
     settle_s: float
     budget_s: float
     chats: int = 0
+    cancel_confirmed: float = 0.0
+    """The share of the confirmed bookings (no in-flight cancel sent) cancelled afterwards, under their policy."""
 
 
 def default_settle_s(*, chats: bool) -> float:
@@ -174,6 +185,10 @@ def register_chaos(subparsers: Subparsers) -> None:
     parser.add_argument("--clients", type=_bounded(int, 0, 64), default=8, metavar="N", help="0: no load (default 8)")
     parser.add_argument("--cancel-rate", type=_bounded(float, 0, 1), default=0.05, metavar="R", help="default 0.05")
     parser.add_argument(
+        "--cancel-confirmed", type=_bounded(float, 0, 1), default=0.0, metavar="R",
+        help="share of the confirmed bookings then cancelled under their policy, each waited for (default 0)",
+    )  # fmt: skip
+    parser.add_argument(
         "--chats", type=_bounded(int, 0, 16), default=0, metavar="N",
         help="conversations with concierge-agent beside the clients, approving or refusing at random (default 0)",
     )  # fmt: skip
@@ -203,6 +218,7 @@ async def _chaos(args: argparse.Namespace, redis: Redis, out: TextIO) -> int:
         settle_s=args.settle if args.settle is not None else default_settle_s(chats=args.chats > 0),
         budget_s=budget,
         chats=args.chats,
+        cancel_confirmed=args.cancel_confirmed,
     )
     paths = stack_paths()
     await redis.ping()  # no Redis, no verdict: say so now, in one line, not after the run
@@ -319,6 +335,7 @@ class Run:
             f"chaos seed {self.plan.seed}: {self.plan.duration_s:g}s, a fault every {self.plan.every_s[0]:g}-"
             f"{self.plan.every_s[1]:g}s (≤ {self.plan.at_once} at once) of {','.join(kinds) or 'none'}; "
             f"{self.plan.clients} client(s), {self.plan.cancel_rate:.0%} cancelled"
+            f"{f', {after:.0%} of the confirmed cancelled after' if (after := self.plan.cancel_confirmed) else ''}"
             f"{f'; {self.plan.chats} chat(s)' if self.plan.chats else ''}"
         )
         loop = asyncio.get_running_loop()
@@ -353,11 +370,13 @@ class Run:
             # the client of the start may hold connections to a Redis killed since: judge on a new one
             judge = create_redis(get_settings().redis_url, socket_connect_timeout=3.0, socket_timeout=10.0)
             stuck, dlq, found = 0, 0, []
+            records: dict[str, dict[str, Any] | None] | None = None
             try:
                 stuck = await self._retrying("count bookings in flight", lambda: BookingStore(judge).in_flight())
                 await self._retrying("read the journals", lambda: self._journals(judge))
                 found = await self._verify(judge)
                 dlq = len(await self._retrying("read the DLQ", lambda: DeadLetterQueue(judge).list()))
+                records = await self._retrying("read the cancelled stays", lambda: self._stay_records(judge))
             except CommandError as exc:
                 found = [*found, str(exc)]  # what cannot be checked is not proven: a broken promise
             finally:
@@ -365,6 +384,10 @@ class Run:
             chats = None
             if conversations is not None:
                 chats, unproven = await self._judge_chats(*conversations)
+                found = [*found, *unproven]
+            refunds = None
+            if self.plan.cancel_confirmed or any(b.stay_cancel for b in self.bookings.values()):
+                refunds, unproven = await self._judge_refunds(records)
                 found = [*found, *unproven]
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
@@ -389,6 +412,7 @@ class Run:
             notes=self.notes,
             load={"start": load_at_start, "end": os.getloadavg()[0], "cores": float(os.cpu_count() or 0)},
             chats=chats,
+            refunds=refunds,
         )
         self.out.write(render_verdict(verdict) + "\n")
         self.out.flush()
@@ -657,6 +681,8 @@ class Run:
 
     async def _client(self, number: int) -> None:
         rng = random.Random(f"{self.plan.seed}:{number}")
+        # a draw of its own: --cancel-confirmed leaves the bookings and in-flight cancels of a seed as they were
+        after_sale = random.Random(f"{self.plan.seed}:{number}:cancel-confirmed")
         urls = self.world.booking_agents
         while not self.stop_load.is_set():
             booking_id = await self._book(rng, urls)
@@ -669,6 +695,17 @@ class Run:
             await self._wait_final(booking_id, urls)
             if cancel is not None:
                 await asyncio.gather(cancel, return_exceptions=True)
+            outcome = self.bookings[booking_id]
+            if outcome.stay_cancel is not None:  # the in-flight cancel came after the confirm: the stay is cancelled
+                await self._wait_cancelled(booking_id, urls)
+            elif (
+                self.plan.cancel_confirmed
+                and outcome.status == "confirmed"
+                and not outcome.cancel_sent
+                and after_sale.random() < self.plan.cancel_confirmed
+                and not self.stop_load.is_set()
+            ):
+                await self._cancel_stay(booking_id, urls)
 
     def _answered(self, route: str, response: httpx.Response) -> None:
         if response.status_code >= 500 and response.status_code != 503:
@@ -719,8 +756,62 @@ class Run:
                 path = f"/bookings/{booking_id}/cancel"
                 response = await self._request(urls, "POST", path, "POST /bookings/{id}/cancel")
                 if response.status_code not in TRY_AGAIN:
+                    view = _json_object(response)
+                    if view.get("status") in STAY_CANCEL_STATUSES and isinstance(view.get("refund"), dict):
+                        # confirmed before the cancel came: a stay's cancel, held to its refund as --cancel-confirmed's
+                        stay = self.bookings[booking_id].stay_cancel = StayCancel("in_flight")
+                        _answered_stay(stay, response, view)
                     return
                 await asyncio.sleep(retry_after(response))
+
+    async def _cancel_stay(self, booking_id: str, urls: list[str]) -> None:
+        """``--cancel-confirmed``: a confirmed booking cancelled by its owner, sent again through restarts and "not
+        now" answers until one sticks, then followed to its end, so the verdict judges a cancel that had its time."""
+        stay = self.bookings[booking_id].stay_cancel = StayCancel("asked")
+        path = f"/bookings/{booking_id}/cancel"
+        while True:
+            try:
+                response = await self._request(urls, "POST", path, "POST /bookings/{id}/cancel")
+            except httpx.TransportError:
+                return  # the run gave up before any answer
+            if response.status_code in TRY_AGAIN and not self.give_up.is_set():
+                await asyncio.sleep(retry_after(response))
+                continue
+            break
+        _answered_stay(stay, response, _json_object(response))
+        if stay.accepted:
+            await self._wait_cancelled(booking_id, urls)
+
+    async def _wait_cancelled(self, booking_id: str, urls: list[str]) -> None:
+        """A stay's accepted cancel followed until it ends ``cancelled``, or ``confirmed`` again with ``cancel_error``
+        (the hotel refused): a ``confirmed`` without it is the stay before the cancel shows, looked at again."""
+        stay = self.bookings[booking_id].stay_cancel
+        assert stay is not None
+        while not self.give_up.is_set():
+            try:
+                response = await self._request(
+                    urls,
+                    "GET",
+                    f"/bookings/{booking_id}",
+                    "GET /bookings/{id}?wait=",
+                    params={"wait": LONG_POLL_S},
+                    timeout=LONG_POLL_S + REQUEST_TIMEOUT_S,
+                )
+            except httpx.TransportError:
+                return
+            if response.status_code != 200:
+                await asyncio.sleep(retry_after(response) if response.status_code == 503 else 0.25)
+                continue
+            view = response.json()
+            status = view.get("status")
+            if status == "cancelled" or (status == "confirmed" and view.get("cancel_error")):
+                error = view.get("cancel_error")
+                stay.status = str(status)
+                stay.cancel_error = str(error.get("code")) if isinstance(error, dict) else None
+                stay.final_at = iso_epoch(view.get("updated_at")) or time.time()
+                return
+            if status in FINAL_BOOKING_STATUSES:  # answered at once, yet not the cancel's end: do not spin on it
+                await asyncio.sleep(0.5)
 
     async def _wait_final(self, booking_id: str, urls: list[str]) -> None:
         outcome = self.bookings[booking_id]
@@ -780,6 +871,28 @@ class Run:
         self.statuses = bookings
         return [f"{d.reference} {d.status}: {d.problem}" for d in found]
 
+    async def _stay_records(self, redis: Redis) -> dict[str, dict[str, Any] | None]:
+        """The records of the stays the run cancelled, as they stand after the settle (None: gone)."""
+        store = BookingStore(redis)
+        return {b.booking_id: await store.get(b.booking_id) for b in self.bookings.values() if b.stay_cancel}
+
+    async def _judge_refunds(
+        self, records: dict[str, dict[str, Any] | None] | None
+    ) -> tuple[RefundJudgement, list[str]]:
+        """The cancelled stays against payment-api's refunds; records or refunds that could not be read, apart (not
+        proven: a broken promise)."""
+        if records is None:
+            return judge_refunds(self.bookings.values(), {}, []), ["the cancelled stays' records unread"]
+        try:
+            refunds = await ledger_refunds()
+        except CommandError as exc:
+            return judge_refunds(self.bookings.values(), records, []), [f"refunds unread: {exc}"]
+        judged = judge_refunds(self.bookings.values(), records, refunds)
+        self.say(
+            f"refunds: {judged['asked']} cancelled stay(s) held to {len(refunds)} refund(s) in payment-api's ledger"
+        )
+        return judged, []
+
     async def _judge_chats(
         self, chats: list[ChatRecord], approvals: list[ApprovalRecord]
     ) -> tuple[ChatJudgement, list[str]]:
@@ -804,6 +917,23 @@ FAULTS: dict[str, FaultFn] = {
     "slow": Run._slow,
     "cut": Run._cut,
 }
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _answered_stay(stay: StayCancel, response: httpx.Response, view: dict[str, Any]) -> None:
+    """What a stay's cancel was answered: accepted (202/200, with the refund promised) or refused, and its code."""
+    stay.answer = str(response.status_code) if str(response.status_code) in ACCEPTED_CANCEL else _code(response)
+    if stay.accepted:
+        refund = view.get("refund")
+        stay.quoted = refund if isinstance(refund, dict) else None
+        stay.accepted_at = time.time()
 
 
 def _code(response: httpx.Response) -> str:

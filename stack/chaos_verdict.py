@@ -4,7 +4,9 @@ target misses (``docs/chaos.md``). Pure functions of what the run recorded, so t
 A booking is charged to every fault whose window (start to end, plus ``AFTERMATH_S`` for the restart or failover a
 fault sets off) overlaps its life from acceptance to its final state; one that met no fault is charged to ``none``.
 The conversations (``--chats``) are judged by ``judge_chats``: every approval granted made exactly one booking, every
-refusal none, no charge above the approved total, no chat left running.
+refusal none, no charge above the approved total, no chat left running. The confirmed stays the load cancelled
+(``--cancel-confirmed``, or an in-flight cancel that came after the confirm) are judged by ``judge_refunds``: each
+accepted one ends ``cancelled`` with exactly one refund of total − fee (or ``confirmed`` again, the hotel refusing).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
+
+from domain.booking import to_cents
 
 __all__ = [
     "AFTERMATH_S",
@@ -25,10 +29,13 @@ __all__ = [
     "ChatJudgement",
     "ChatRecord",
     "FaultRecord",
+    "RefundJudgement",
+    "StayCancel",
     "Verdict",
     "broken_promises",
     "iso_epoch",
     "judge_chats",
+    "judge_refunds",
     "percentile",
     "refusal_to_failed",
     "render_verdict",
@@ -44,6 +51,34 @@ CONFIRMED_TARGET = 0.90
 """Target: this share of the bookings nobody cancelled end confirmed, under every fault kind."""
 REFUSAL_TO_FAILED_TARGET_S = 1.0
 """Target: a booking whose charge was refused (by a breaker, before any request) is ``failed`` this soon after."""
+
+
+ACCEPTED_CANCEL = frozenset({"202", "200"})
+"""The answers that accept a confirmed stay's cancel: started now (202), or found started by an earlier one (200)."""
+
+
+@dataclass
+class StayCancel:
+    """The cancel of a booking the run saw ``confirmed``, and how it ended as the client saw it."""
+
+    by: Literal["asked", "in_flight"]
+    """``asked``: ``--cancel-confirmed`` drew it once the booking was confirmed; ``in_flight``: a ``--cancel-rate``
+    cancel that came after the confirm, so it cancelled the stay."""
+    answer: str | None = None
+    """``202``/``200`` (accepted), else the refusal (``409 not_refundable``); None: no answer before the run gave up."""
+    quoted: dict[str, Any] | None = None
+    """The ``refund`` {amount, fee, currency} the accepting answer promised."""
+    accepted_at: float | None = None
+    """Wall clock, when the accepting answer came."""
+    status: str | None = None
+    """``cancelled``, or ``confirmed`` again (``cancel_error``): what the client last saw final; None: never final."""
+    cancel_error: str | None = None
+    final_at: float | None = None
+    """Wall clock, the record's ``updated_at`` at that end."""
+
+    @property
+    def accepted(self) -> bool:
+        return self.answer in ACCEPTED_CANCEL
 
 
 @dataclass
@@ -62,6 +97,8 @@ class BookingOutcome:
     """For a failed booking that a refused charge ended (``refusal_to_failed``): the refusal to the ``failed`` entry."""
     pauses: int = 0
     """``paused`` entries in its journal: how often its run waited out an outage."""
+    stay_cancel: StayCancel | None = None
+    """The cancel of the stay once it was confirmed; ``status`` stays the booking's first end (``confirmed``)."""
 
 
 @dataclass
@@ -103,6 +140,35 @@ class ChatRecord:
     pending_approval_id: str | None = None
     bookings: list[str] = field(default_factory=list)
     """The chat's own ``bookings`` (``GET /chats/{id}``) and every booking its journal relayed."""
+
+
+class RefundJudgement(TypedDict):
+    """The refund lines of the verdict (JSON as it is): the confirmed stays cancelled, and what came back."""
+
+    asked: int
+    """Confirmed stays the load cancelled: ``asked_after`` drawn by ``--cancel-confirmed``, the rest in-flight cancels
+    that came after the confirm."""
+    asked_after: int
+    accepted: int
+    refused: dict[str, int]
+    """Cancels not accepted, by answer (``409 not_refundable``...; ``no answer``)."""
+    cancelled: int
+    refunded_once: int
+    """Ended ``cancelled`` with exactly one refund of total − fee (none when the fee took the whole total), as the
+    booking's record, its accepting answer and payment-api's ledger all say."""
+    with_fee: int
+    """Of those, the cancels that kept a fee (the rest refunded the whole total)."""
+    refunded: float
+    fees: float
+    kept: dict[str, int]
+    """Confirmed again, the hotel refusing, by ``cancel_error`` code: a legitimate end."""
+    time_to_cancelled_s: dict[str, float | None]
+    """From the accepting answer to the record's ``updated_at`` at its end."""
+    double_refunds: list[str]
+    unrefunded: list[str]
+    wrong_refund: list[str]
+    """Refunded once, but not total − fee; or a refund other than the one promised; or a kept stay refunded."""
+    not_final: list[str]
 
 
 class ChatJudgement(TypedDict):
@@ -173,6 +239,8 @@ class Verdict:
     """The machine's 1-minute load average at the start and the end, and its cores: the figures' context."""
     chats: ChatJudgement | None = None
     """The conversations' judgement (``--chats``); None when there were none."""
+    refunds: RefundJudgement | None = None
+    """The confirmed stays cancelled (``judge_refunds``); None when the run cancelled none and was not asked to."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -247,6 +315,7 @@ def summarize(
     retried: Mapping[str, int] | None = None,
     load: Mapping[str, float] | None = None,
     chats: ChatJudgement | None = None,
+    refunds: RefundJudgement | None = None,
 ) -> Verdict:
     outcomes = list(bookings)
     statuses = Counter(b.status for b in outcomes)
@@ -307,6 +376,7 @@ def summarize(
         notes=list(notes),
         load=dict(load or {}),
         chats=chats,
+        refunds=refunds,
     )
 
 
@@ -396,12 +466,130 @@ def judge_chats(
     )
 
 
+def judge_refunds(
+    bookings: Iterable[BookingOutcome],
+    records: Mapping[str, Mapping[str, Any] | None],
+    refunds: Iterable[Mapping[str, Any]],
+) -> RefundJudgement:
+    """The confirmed stays the run cancelled against their promise, from their end as the stack holds it: ``records``
+    maps booking id → its record after the settle (``total_price``, ``status``, ``refund``, ``cancel_error``; None:
+    gone or unread), ``refunds`` is payment-api's ledger of refunds (``reference`` is the booking id)."""
+    given: dict[str, list[int]] = {}
+    for refund in refunds:
+        given.setdefault(str(refund.get("reference")), []).append(to_cents(float(refund.get("amount") or 0)))
+    stays = [(b.booking_id, b.stay_cancel) for b in bookings if b.stay_cancel is not None]
+    refused: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    found: dict[str, list[str]] = {"double": [], "unrefunded": [], "wrong": [], "not_final": []}
+    took: list[float] = []
+    once: list[_StayEnd] = []
+    cancelled = 0
+    for booking_id, stay in stays:
+        if not stay.accepted:
+            refused[stay.answer or "no answer"] += 1
+        elif stay.accepted_at is not None and stay.final_at is not None:
+            took.append(max(0.0, stay.final_at - stay.accepted_at))
+        record = records.get(booking_id)
+        cancelled += record is not None and record.get("status") == "cancelled"
+        end = _judge_stay(booking_id, stay, record, given.get(booking_id, []))
+        if end.kind in found:
+            found[end.kind].append(end.detail)
+        elif end.kind == "kept":
+            kept[end.detail] += 1
+        elif end.kind == "refunded":
+            once.append(end)
+    return RefundJudgement(
+        asked=len(stays),
+        asked_after=sum(stay.by == "asked" for _, stay in stays),
+        accepted=sum(stay.accepted for _, stay in stays),
+        refused=dict(refused.most_common()),
+        cancelled=cancelled,
+        refunded_once=len(once),
+        with_fee=sum(end.fee > 0 for end in once),
+        refunded=sum(end.amount for end in once) / 100,
+        fees=sum(end.fee for end in once) / 100,
+        kept=dict(kept.most_common()),
+        time_to_cancelled_s={"p50": _round(percentile(took, 50)), "max": _round(max(took) if took else None)},
+        double_refunds=found["double"],
+        unrefunded=found["unrefunded"],
+        wrong_refund=found["wrong"],
+        not_final=found["not_final"],
+    )
+
+
+@dataclass(frozen=True)
+class _StayEnd:
+    """How one cancelled stay ended: ``refunded`` once as owed (``fee``, ``amount`` in cents), ``kept`` (``detail``:
+    its ``cancel_error`` code), ``untouched`` (refused, nothing moved), or a broken promise (``detail`` says it)."""
+
+    kind: Literal["refunded", "kept", "untouched", "double", "unrefunded", "wrong", "not_final"]
+    detail: str = ""
+    fee: int = 0
+    amount: int = 0
+
+
+def _judge_stay(booking_id: str, stay: StayCancel, record: Mapping[str, Any] | None, back: Sequence[int]) -> _StayEnd:
+    status = None if record is None else record.get("status")
+    recorded = None if record is None else record.get("refund")
+    if record is not None and status == "cancelled" and isinstance(recorded, Mapping):
+        fee, amount, _currency = _fee_amount(recorded)
+        owed = to_cents(float(record.get("total_price") or 0)) - fee
+        if len(back) > (1 if amount else 0):
+            return _StayEnd("double", f"{booking_id}: {len(back)} refunds ({_cents(back)}), {amount / 100:.2f} owed")
+        if amount and not back:
+            return _StayEnd("unrefunded", f"{booking_id}: cancelled, {amount / 100:.2f} owed, no refund in the ledger")
+        problems = []
+        if amount != owed:
+            problems.append(f"its record refunds {amount / 100:.2f}, not total − fee {owed / 100:.2f}")
+        if stay.quoted is not None and _fee_amount(stay.quoted) != _fee_amount(recorded):
+            problems.append(f"answered refund {_wire(stay.quoted)}, its record {_wire(recorded)}")
+        if sum(back) != amount:
+            problems.append(f"refunded {sum(back) / 100:.2f}, not {amount / 100:.2f}")
+        if problems:
+            return _StayEnd("wrong", f"{booking_id}: {'; '.join(problems)}")
+        return _StayEnd("refunded", fee=fee, amount=amount)
+    if status == "cancelled":
+        return _StayEnd("unrefunded", f"{booking_id}: cancelled after the confirm, its record keeps no refund")
+    if record is not None and status == "confirmed" and record.get("cancel_error"):
+        if back:
+            return _StayEnd("wrong", f"{booking_id}: kept confirmed (the hotel refused), yet refunded {_cents(back)}")
+        error = record["cancel_error"]
+        return _StayEnd("kept", str(error.get("code")) if isinstance(error, Mapping) else str(error))
+    if status == "confirmed" and not stay.accepted:
+        if back:
+            answer = stay.answer or "no answer"
+            return _StayEnd("wrong", f"{booking_id}: its cancel not accepted ({answer}), yet refunded {_cents(back)}")
+        return _StayEnd("untouched")
+    if stay.accepted or status == "cancelling":
+        where = "its record gone" if record is None else str(status)
+        return _StayEnd("not_final", f"{booking_id}: {where} after the cancel ({stay.answer or 'no answer'})")
+    return _StayEnd("untouched")
+
+
+def _fee_amount(refund: Mapping[str, Any]) -> tuple[int, int, str]:
+    return (
+        to_cents(float(refund.get("fee") or 0)),
+        to_cents(float(refund.get("amount") or 0)),
+        str(refund.get("currency")),
+    )
+
+
+def _wire(refund: Mapping[str, Any]) -> str:
+    fee, amount, currency = _fee_amount(refund)
+    return f"{amount / 100:.2f} {currency} (fee {fee / 100:.2f})"
+
+
+def _cents(amounts: Sequence[int]) -> str:
+    return " + ".join(f"{a / 100:.2f}" for a in amounts) or "nothing"
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
 def broken_promises(verdict: Verdict) -> list[str]:
-    """The safety promise: every accepted booking final after the heal, the ledgers agree, no 5xx but 503."""
+    """The safety promise: every accepted booking final after the heal, the ledgers agree, no 5xx but 503; and with
+    the conversations and the cancelled stays, theirs."""
     broken: list[str] = []
     if verdict.unfinished:
         broken.append(f"{verdict.unfinished} accepted booking(s) not final after the heal")
@@ -426,6 +614,16 @@ def broken_promises(verdict: Verdict) -> list[str]:
             broken.append(f"{len(chats['over_charged'])} charge(s) above an approved total")
         if chats["left_running"]:
             broken.append(f"{len(chats['left_running'])} chat(s) left running after the heal")
+    refunds = verdict.refunds
+    if refunds is not None:
+        if refunds["double_refunds"]:
+            broken.append(f"{len(refunds['double_refunds'])} cancelled stay(s) refunded twice")
+        if refunds["unrefunded"]:
+            broken.append(f"{len(refunds['unrefunded'])} cancelled stay(s) without the refund owed")
+        if refunds["wrong_refund"]:
+            broken.append(f"{len(refunds['wrong_refund'])} stay(s) refunded other than total − fee, once")
+        if refunds["not_final"]:
+            broken.append(f"{len(refunds['not_final'])} cancel(s) of confirmed stays not final after the heal")
     return broken
 
 
@@ -486,6 +684,8 @@ def render_verdict(verdict: Verdict) -> str:
         lines.append(f"  not accepted: {', '.join(f'{why} {n}' for why, n in verdict.refused.items())}")
     if verdict.chats is not None:
         lines += _chat_lines(verdict.chats)
+    if verdict.refunds is not None:
+        lines += _refund_lines(verdict.refunds)
     lines += [f"  disagreement: {item}" for item in verdict.disagreements[:10]]
     lines += [f"  5xx: {route} {n}" for route, n in verdict.http_5xx.items()]
     lines += [f"  unfinished: {booking_id}" for booking_id in verdict.unfinished_ids[:10]]
@@ -524,6 +724,32 @@ def _chat_lines(chats: ChatJudgement) -> list[str]:
         ("answers disagree", chats["answers_disagree"]),
         ("over charged", chats["over_charged"]),
         ("left running", chats["left_running"]),
+    ):
+        lines += [f"  {label}: {item}" for item in items[:10]]
+    return lines
+
+
+def _refund_lines(refunds: RefundJudgement) -> list[str]:
+    refused = ", ".join(f"{why} {n}" for why, n in refunds["refused"].items())
+    kept = ", ".join(f"{code} {n}" for code, n in refunds["kept"].items())
+    took = refunds["time_to_cancelled_s"]
+    lines = [
+        f"  confirmed stays cancelled: {refunds['asked']} ({refunds['asked_after']} drawn by --cancel-confirmed, "
+        f"{refunds['asked'] - refunds['asked_after']} in-flight cancels after the confirm) · accepted (202/200) "
+        f"{refunds['accepted']} · not accepted {sum(refunds['refused'].values())}{f' ({refused})' if refused else ''}",
+        f"  refunds: cancelled {refunds['cancelled']} · exactly one refund of total − fee {refunds['refunded_once']}"
+        f" ({refunds['refunded']:.2f} refunded, {refunds['fees']:.2f} kept as fees by {refunds['with_fee']}) · kept "
+        f"confirmed (the hotel refused) {sum(refunds['kept'].values())}{f' ({kept})' if kept else ''} · accepted → "
+        f"final: p50 {_seconds(took['p50'])}, max {_seconds(took['max'])}",
+        f"  double refunds: {len(refunds['double_refunds'])} · cancelled without the refund owed: "
+        f"{len(refunds['unrefunded'])} · refunded other than total − fee: {len(refunds['wrong_refund'])} · "
+        f"cancels not final after the heal: {len(refunds['not_final'])}",
+    ]
+    for label, items in (
+        ("double refund", refunds["double_refunds"]),
+        ("no refund", refunds["unrefunded"]),
+        ("wrong refund", refunds["wrong_refund"]),
+        ("cancel not final", refunds["not_final"]),
     ):
         lines += [f"  {label}: {item}" for item in items[:10]]
     return lines

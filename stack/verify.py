@@ -31,7 +31,7 @@ from stack.dlq import EXIT_FAILURE, EXIT_OK, CommandError, redis_command
 from stack.runs import awaiting_runs, version_summary, waiting_lines
 from stack.target import admin_token, provider_url
 
-__all__ = ["Disagreement", "check_ledgers", "disagreements", "ledger_charges", "register_verify"]
+__all__ = ["Disagreement", "check_ledgers", "disagreements", "ledger_charges", "ledger_refunds", "register_verify"]
 
 _SCAN_BATCH = 500
 _HTTP_TIMEOUT_S = 10.0
@@ -172,6 +172,13 @@ async def ledger_charges(payment_api: str | None = None) -> list[dict[str, Any]]
     against the totals its conversations approved."""
     async with httpx.AsyncClient(timeout=_HTTP_TIMEOUT_S) as http:
         return await _ledger(http, "payment-api", payment_api, "charges")
+
+
+async def ledger_refunds(payment_api: str | None = None) -> list[dict[str, Any]]:
+    """payment-api's every refund (``reference``, ``amount``, ``currency``): ``concierge chaos`` holds the stays it
+    cancelled to one refund of total − fee each."""
+    async with httpx.AsyncClient(timeout=_HTTP_TIMEOUT_S) as http:
+        return await _ledger(http, "payment-api", payment_api, "refunds")
 
 
 async def stranded(redis: Redis, bookings: Mapping[str, str]) -> list[Disagreement]:

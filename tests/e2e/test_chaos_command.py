@@ -2,7 +2,9 @@
 fresh Postgres database, whose connections chaos drops), the command in a subprocess, its verdict and exit code.
 
 A short run at the defaults but its length, with one conversation (``--chats 1``: approvals granted and refused under
-the same faults, llm-api's among them), must print every fault time-stamped, heal, and keep the promise (exit 0);
+the same faults, llm-api's among them) and 30% of the confirmed stays cancelled afterwards (``--cancel-confirmed``:
+each refunded total − fee exactly once, or kept confirmed when the hotel refused), must print every fault
+time-stamped, heal, and keep the promise (exit 0);
 a broken promise planted in the stack's Redis (a booking nobody will ever finish, a confirmed booking no ledger
 knows) must turn the same command into exit 1 naming it.
 """
@@ -108,13 +110,13 @@ def test_a_short_chaos_run_prints_each_fault_heals_and_keeps_the_promise(
         stack_env,
         "chaos",
         *("--duration", "40", "--every", "2-4", "--seed", "11", "--clients", "6", "--chats", "1"),
-        *("--json", str(verdict_file)),
+        *("--cancel-confirmed", "0.3", "--json", str(verdict_file)),
         timeout=300,
     )
     out = run.stdout
     assert run.returncode == 0, out + run.stderr
     assert "Traceback" not in out + run.stderr
-    assert "chaos seed 11: 40s" in out
+    assert "chaos seed 11: 40s" in out and "30% of the confirmed cancelled after" in out
     faults = [line for line in FAULT_LINE.findall(out)]
     assert len(faults) >= 8, out  # the start line, the faults as they happen, the heal, verify
     verdict = json.loads(verdict_file.read_text())
@@ -126,8 +128,18 @@ def test_a_short_chaos_run_prints_each_fault_heals_and_keeps_the_promise(
     chats = verdict["chats"]
     assert chats["chats"] == 1 and chats["turns"] >= 1 and chats["approvals"] >= 1, chats
     assert chats["bookings_made"] == chats["granted"] and chats["left_running"] == [] and chats["over_charged"] == []
+    refunds = verdict["refunds"]
+    assert refunds["asked_after"] >= 3 and refunds["accepted"] >= 3, refunds
+    assert refunds["refunded_once"] + sum(refunds["kept"].values()) == refunds["accepted"], refunds
+    assert refunds["refunded_once"] >= 1 and refunds["refunded"] > 0, refunds
+    for broken in ("double_refunds", "unrefunded", "wrong_refund", "not_final"):
+        assert refunds[broken] == [], refunds
     for line in (
         f"  accepted {verdict['accepted']} · confirmed {verdict['confirmed']}",
+        f"  confirmed stays cancelled: {refunds['asked']} ({refunds['asked_after']} drawn by --cancel-confirmed",
+        f"  refunds: cancelled {refunds['cancelled']} · exactly one refund of total − fee {refunds['refunded_once']}",
+        "  double refunds: 0 · cancelled without the refund owed: 0 · refunded other than total − fee: 0 · "
+        "cancels not final after the heal: 0",
         "time to final: p50 ",
         "confirmed of the uncancelled, by fault kind met: ",
         "verify: 0 disagreement(s) · in flight in Redis: 0 · DLQ: ",

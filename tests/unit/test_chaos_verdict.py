@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from infra.settings import get_settings
+from scripts.chaos_run import chaos_options
 from stack.chaos import default_settle_s
 from stack.chaos_verdict import (
     AFTERMATH_S,
@@ -14,8 +16,10 @@ from stack.chaos_verdict import (
     BookingOutcome,
     ChatRecord,
     FaultRecord,
+    StayCancel,
     broken_promises,
     judge_chats,
+    judge_refunds,
     percentile,
     refusal_to_failed,
     render_verdict,
@@ -148,6 +152,9 @@ def test_a_quiet_run_meets_every_target() -> None:
         (["--cancel-rate", "2"], "must be between 0 and 1"),
         (["--chats", "-1"], "must be between 0 and 16"),
         (["--chats", "many"], "not a number: 'many'"),
+        (["--cancel-confirmed", "1.5"], "must be between 0 and 1, got 1.5"),
+        (["--cancel-confirmed", "-0.1"], "must be between 0 and 1"),
+        (["--cancel-confirmed", "some"], "not a number: 'some'"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(args: list[str], told: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -317,3 +324,204 @@ def test_with_chats_the_settle_outlasts_a_turn_budget(settings_env: pytest.Monke
     settings_env.setenv("BOOKING_BUDGET_S", "200")
     get_settings.cache_clear()
     assert default_settle_s(chats=True) == 260
+
+
+# ------------------------------------------------------------------------------------------------ the cancelled stays
+
+
+def stay(
+    n: int,
+    answer: str | None = "202",
+    *,
+    fee: float = 0.0,
+    total: float = 200.0,
+    by: Literal["asked", "in_flight"] = "asked",
+) -> BookingOutcome:
+    """A confirmed booking whose stay the run cancelled, answered ``answer`` (with the refund its policy gives)."""
+    outcome = booking(n, "confirmed", 1.0)
+    quoted = {"amount": round(total - fee, 2), "fee": fee, "currency": "EUR"} if answer in ("202", "200") else None
+    accepted_at = T0 + 10 if quoted else None
+    outcome.stay_cancel = StayCancel(by, answer=answer, quoted=quoted, accepted_at=accepted_at)
+    if quoted:
+        outcome.stay_cancel.status, outcome.stay_cancel.final_at = "cancelled", T0 + 10 + n
+    return outcome
+
+
+def record(status: str, *, fee: float = 0.0, total: float = 200.0, error: str | None = None) -> dict[str, object]:
+    """The booking's record after the settle: ``cancelled`` with its refund, or ``confirmed`` (kept: ``error``)."""
+    refund = {"amount": round(total - fee, 2), "fee": fee, "currency": "EUR"} if status != "confirmed" else None
+    return {
+        "status": status,
+        "total_price": total,
+        "currency": "EUR",
+        "refund": refund,
+        "cancel_error": {"code": error, "message": "refused"} if error else None,
+    }
+
+
+def refund(booking_id: str, amount: float) -> dict[str, object]:
+    return {"refund_id": f"r-{booking_id}-{amount}", "payment_id": f"p-{booking_id}", "reference": booking_id,
+            "amount": amount, "currency": "EUR"}  # fmt: skip
+
+
+def test_cancelled_stays_refunded_total_minus_fee_once_keep_the_promise() -> None:
+    bookings = [
+        stay(1),  # free: the whole total back
+        stay(2, "200", fee=56.0),  # a second cancel found the first: the same refund
+        stay(3),  # the hotel refused: confirmed again, nothing refunded
+        stay(4, "409 not_refundable"),  # refused before anything moved
+        stay(5, fee=40.0, by="in_flight"),  # an in-flight cancel that came after the confirm
+        booking(6, "confirmed", 1.0),  # never cancelled: not judged here
+    ]
+    records = {
+        "b1": record("cancelled"),
+        "b2": record("cancelled", fee=56.0),
+        "b3": record("confirmed", error="hotel_refused"),
+        "b4": record("confirmed"),
+        "b5": record("cancelled", fee=40.0),
+    }
+    ledger = [refund("b1", 200.0), refund("b2", 144.0), refund("b5", 160.0), refund("b6-other", 9.0)]
+    judged = judge_refunds(bookings, records, ledger)
+    assert (judged["asked"], judged["asked_after"], judged["accepted"], judged["cancelled"]) == (5, 4, 4, 3)
+    assert judged["refused"] == {"409 not_refundable": 1} and judged["kept"] == {"hotel_refused": 1}
+    assert (judged["refunded_once"], judged["with_fee"], judged["refunded"], judged["fees"]) == (3, 2, 504.0, 96.0)
+    assert judged["time_to_cancelled_s"] == {"p50": 2.0, "max": 5.0}
+    verdict = judge(bookings, refunds=judged)
+    assert broken_promises(verdict) == []
+    assert verdict.to_json()["refunds"]["refunded_once"] == 3
+    text = render_verdict(verdict)
+    assert (
+        "  confirmed stays cancelled: 5 (4 drawn by --cancel-confirmed, 1 in-flight cancels after the confirm) · "
+        "accepted (202/200) 4 · not accepted 1 (409 not_refundable 1)"
+    ) in text
+    assert (
+        "  refunds: cancelled 3 · exactly one refund of total − fee 3 (504.00 refunded, 96.00 kept as fees by 2) · "
+        "kept confirmed (the hotel refused) 1 (hotel_refused 1) · accepted → final: p50 2.00s, max 5.00s"
+    ) in text
+    assert (
+        "  double refunds: 0 · cancelled without the refund owed: 0 · refunded other than total − fee: 0 · "
+        "cancels not final after the heal: 0"
+    ) in text
+    assert "promise: kept" in text
+
+
+def test_a_fee_that_takes_the_whole_total_refunds_nothing_and_keeps_the_promise() -> None:
+    judged = judge_refunds([stay(1, fee=200.0)], {"b1": record("cancelled", fee=200.0)}, [])
+    assert judged["refunded_once"] == 1 and judged["unrefunded"] == [] and judged["fees"] == 200.0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "end", "ledger", "told", "item"),
+    [
+        (
+            stay(1),
+            record("cancelled"),
+            [refund("b1", 200.0), refund("b1", 200.0)],
+            "1 cancelled stay(s) refunded twice",
+            "double refund: b1: 2 refunds (200.00 + 200.00), 200.00 owed",
+        ),
+        (
+            stay(1, fee=200.0),
+            record("cancelled", fee=200.0),
+            [refund("b1", 0.01)],
+            "1 cancelled stay(s) refunded twice",
+            "double refund: b1: 1 refunds (0.01), 0.00 owed",
+        ),
+        (
+            stay(1, fee=56.0),
+            record("cancelled", fee=56.0),
+            [refund("reference-of-another", 144.0)],
+            "1 cancelled stay(s) without the refund owed",
+            "no refund: b1: cancelled, 144.00 owed, no refund in the ledger",
+        ),
+        (
+            stay(1),
+            {**record("cancelled"), "refund": None},
+            [],
+            "1 cancelled stay(s) without the refund owed",
+            "no refund: b1: cancelled after the confirm, its record keeps no refund",
+        ),
+        (
+            stay(1, fee=56.0),
+            record("cancelled", fee=56.0),
+            [refund("b1", 200.0)],
+            "1 stay(s) refunded other than total − fee, once",
+            "wrong refund: b1: refunded 200.00, not 144.00",
+        ),
+        (
+            stay(1),
+            {**record("cancelled"), "refund": {"amount": 180.0, "fee": 0.0, "currency": "EUR"}},
+            [refund("b1", 180.0)],
+            "1 stay(s) refunded other than total − fee, once",
+            "wrong refund: b1: its record refunds 180.00, not total − fee 200.00; answered refund 200.00 EUR (fee 0.00)"
+            ", its record 180.00 EUR (fee 0.00)",
+        ),
+        (
+            stay(1),
+            record("confirmed", error="hotel_refused"),
+            [refund("b1", 200.0)],
+            "1 stay(s) refunded other than total − fee, once",
+            "wrong refund: b1: kept confirmed (the hotel refused), yet refunded 200.00",
+        ),
+        (
+            stay(1, "409 not_refundable"),
+            record("confirmed"),
+            [refund("b1", 200.0)],
+            "1 stay(s) refunded other than total − fee, once",
+            "wrong refund: b1: its cancel not accepted (409 not_refundable), yet refunded 200.00",
+        ),
+        (
+            stay(1),
+            record("cancelling"),
+            [],
+            "1 cancel(s) of confirmed stays not final after the heal",
+            "cancel not final: b1: cancelling after the cancel (202)",
+        ),
+        (
+            stay(1, None),  # the answer was lost to the give-up, yet the cancel started
+            record("cancelling"),
+            [],
+            "1 cancel(s) of confirmed stays not final after the heal",
+            "cancel not final: b1: cancelling after the cancel (no answer)",
+        ),
+        (
+            stay(1),
+            record("confirmed"),  # accepted, yet confirmed with no cancel_error: not the cancel's end
+            [],
+            "1 cancel(s) of confirmed stays not final after the heal",
+            "cancel not final: b1: confirmed after the cancel (202)",
+        ),
+        (
+            stay(1),
+            None,
+            [],
+            "1 cancel(s) of confirmed stays not final after the heal",
+            "cancel not final: b1: its record gone after the cancel (202)",
+        ),
+    ],
+)
+def test_every_broken_refund_promise_is_named(
+    outcome: BookingOutcome, end: dict[str, object] | None, ledger: list[dict[str, object]], told: str, item: str
+) -> None:
+    verdict = judge([outcome], refunds=judge_refunds([outcome], {"b1": end}, ledger))
+    assert broken_promises(verdict) == [told]
+    text = render_verdict(verdict)
+    assert f"promise: BROKEN: {told}" in text and f"  {item}" in text, text
+    assert verdict.to_json()["broken_promises"] == [told]
+
+
+def test_a_run_that_cancelled_no_stay_has_no_refund_lines() -> None:
+    verdict = judge([booking(1, "confirmed", 1.0)])
+    assert verdict.refunds is None and verdict.to_json()["refunds"] is None
+    assert "confirmed stays cancelled" not in render_verdict(verdict)
+    empty = judge_refunds([booking(1, "confirmed", 1.0)], {}, [refund("b1", 10.0)])
+    assert empty["asked"] == 0 and empty["time_to_cancelled_s"] == {"p50": None, "max": None}
+    text = render_verdict(judge([], refunds=empty))
+    assert "confirmed stays cancelled: 0" in text and "accepted → final: p50 -, max -" in text
+
+
+def test_make_chaos_cancels_confirmed_stays_unless_told_otherwise() -> None:
+    assert chaos_options([]) == ["--chats", "2", "--cancel-confirmed", "0.1"]
+    assert chaos_options(["--", "--seed", "3"]) == ["--chats", "2", "--cancel-confirmed", "0.1", "--seed", "3"]
+    assert chaos_options(["--cancel-confirmed", "0.3", "--chats=0"]) == ["--cancel-confirmed", "0.3", "--chats=0"]
+    assert chaos_options(["--cancel-confirmed=0"]) == ["--chats", "2", "--cancel-confirmed=0"]
