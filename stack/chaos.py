@@ -787,34 +787,33 @@ class Run:
         (the hotel refused): a ``confirmed`` without it is the stay before the cancel shows, looked at again."""
         stay = self.bookings[booking_id].stay_cancel
         assert stay is not None
-        while not self.give_up.is_set():
-            try:
-                response = await self._request(
-                    urls,
-                    "GET",
-                    f"/bookings/{booking_id}",
-                    "GET /bookings/{id}?wait=",
-                    params={"wait": LONG_POLL_S},
-                    timeout=LONG_POLL_S + REQUEST_TIMEOUT_S,
-                )
-            except httpx.TransportError:
-                return
-            if response.status_code != 200:
-                await asyncio.sleep(retry_after(response) if response.status_code == 503 else 0.25)
-                continue
-            view = response.json()
+
+        def ended(view: dict[str, Any]) -> bool:
             status = view.get("status")
-            if status == "cancelled" or (status == "confirmed" and view.get("cancel_error")):
-                error = view.get("cancel_error")
-                stay.status = str(status)
-                stay.cancel_error = str(error.get("code")) if isinstance(error, dict) else None
-                stay.final_at = iso_epoch(view.get("updated_at")) or time.time()
-                return
-            if status in FINAL_BOOKING_STATUSES:  # answered at once, yet not the cancel's end: do not spin on it
-                await asyncio.sleep(0.5)
+            return status == "cancelled" or (status == "confirmed" and bool(view.get("cancel_error")))
+
+        view = await self._poll_booking(booking_id, urls, ended)
+        if view is not None:
+            error = view.get("cancel_error")
+            stay.status = str(view.get("status"))
+            stay.cancel_error = str(error.get("code")) if isinstance(error, dict) else None
+            stay.final_at = iso_epoch(view.get("updated_at")) or time.time()
 
     async def _wait_final(self, booking_id: str, urls: list[str]) -> None:
         outcome = self.bookings[booking_id]
+        view = await self._poll_booking(booking_id, urls, lambda seen: seen.get("status") in FINAL_BOOKING_STATUSES)
+        if view is not None:
+            outcome.status = str(view["status"])
+            error = view.get("error")
+            outcome.error_code = str(error.get("code")) if isinstance(error, dict) else None
+            outcome.accepted_at = iso_epoch(view.get("created_at")) or outcome.accepted_at
+            outcome.final_at = iso_epoch(view.get("updated_at")) or time.time()
+
+    async def _poll_booking(
+        self, booking_id: str, urls: list[str], done: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any] | None:
+        """The booking's view once ``done`` says so (long polls on any replica, through restarts); ``None`` when the
+        run gave up or no replica answered."""
         while not self.give_up.is_set():
             try:
                 response = await self._request(
@@ -826,18 +825,16 @@ class Run:
                     timeout=LONG_POLL_S + REQUEST_TIMEOUT_S,
                 )
             except httpx.TransportError:
-                return
+                return None
             if response.status_code != 200:
                 await asyncio.sleep(retry_after(response) if response.status_code == 503 else 0.25)
                 continue
-            view = response.json()
-            if view.get("status") in FINAL_BOOKING_STATUSES:
-                outcome.status = str(view["status"])
-                error = view.get("error")
-                outcome.error_code = str(error.get("code")) if isinstance(error, dict) else None
-                outcome.accepted_at = iso_epoch(view.get("created_at")) or outcome.accepted_at
-                outcome.final_at = iso_epoch(view.get("updated_at")) or time.time()
-                return
+            view: dict[str, Any] = response.json()
+            if done(view):
+                return view
+            if view.get("status") in FINAL_BOOKING_STATUSES:  # answered at once, yet not done: do not spin on it
+                await asyncio.sleep(0.5)
+        return None
 
     # ------------------------------------------------------------------------------------------- judging
 

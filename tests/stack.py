@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import os
 import secrets
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -31,7 +32,7 @@ import psycopg
 
 from domain.booking import FINAL_BOOKING_STATUSES
 from infra.auth import mint_service_token
-from tests.procs import Processes, ServiceProcess, free_port
+from tests.procs import Processes, ServiceProcess, concierge_command, free_port
 
 CORE = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent")
 URL_ENV = {
@@ -202,6 +203,18 @@ class Stack:
             headers["Authorization"] = authorization
         return self.http.post(f"{self.url(service)}/a2a", json=body, headers=headers)
 
+    def verify(self, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """``concierge verify`` of this stack (its Redis and prefix, both providers, the admin token); a cold CLI on a
+        loaded machine takes long to start."""
+        urls = ("--hotel-api", self.url("hotel-api"), "--payment-api", self.url("payment-api"))
+        return subprocess.run(
+            [*concierge_command(), "verify", *urls],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     def spans(self, service: str) -> list[dict[str, Any]]:
         path = self.span_file(service)
         if not path.exists():
@@ -223,3 +236,13 @@ class Stack:
 
 SharedStacks = Callable[[tuple[str, ...], Mapping[str, str]], Stack]
 """The ``shared_stack`` fixture (tests/conftest.py): ``shared_stack(services, env)`` is a running stack of the worker's."""
+
+
+def people_env(issuer: Any, name: str) -> dict[str, str]:
+    """A stack's settings with people's identities on, trusting ``issuer`` (a ``LocalIssuer`` named ``name``)."""
+    return {"CONCIERGE_AUTH": "on", "CONCIERGE_AUTH_ISSUER": name, "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path)}
+
+
+def new_person(issuer: Any) -> dict[str, str]:
+    """The ``Authorization`` header of a person nobody has seen before (a fresh ``sub``)."""
+    return {"Authorization": f"Bearer {issuer.mint(f'guest-{uuid.uuid4().hex[:8]}')}"}

@@ -6,11 +6,8 @@ docs/cancel.md.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +18,7 @@ import pytest
 
 from domain.booking import to_cents
 from infra.people import LocalIssuer
-from tests.procs import concierge_command
-from tests.stack import CORE, Stack, fresh_database, stay
+from tests.stack import CORE, Stack, fresh_database, new_person, people_env, stay
 
 pytestmark = pytest.mark.e2e
 
@@ -39,9 +35,7 @@ def issuer(tmp_path_factory: pytest.TempPathFactory) -> LocalIssuer:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, issuer: LocalIssuer) -> Iterator[Stack]:
     env = {
-        "CONCIERGE_AUTH": "on",
-        "CONCIERGE_AUTH_ISSUER": ISSUER,
-        "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path),
+        **people_env(issuer, ISSUER),
         "RUN_LEASE_TTL": "2",
         "ORPHAN_SCAN_INTERVAL": "0.2",
         "IDEMPOTENCY_LEASE_S": "1",
@@ -62,7 +56,7 @@ def no_fault(stack: Stack) -> Iterator[None]:
 
 
 def person(issuer: LocalIssuer) -> dict[str, str]:
-    return {"Authorization": f"Bearer {issuer.mint(f'guest-{uuid.uuid4().hex[:8]}')}"}
+    return new_person(issuer)
 
 
 def confirmed(stack: Stack, who: dict[str, str], *, days_ahead: int, nights: int = 2, **fields: Any) -> dict[str, Any]:
@@ -102,15 +96,8 @@ def events(stack: Stack, booking_id: str) -> list[str]:
 
 
 def verify(stack: Stack) -> None:
-    urls = ("--hotel-api", stack.url("hotel-api"), "--payment-api", stack.url("payment-api"))
-    done = subprocess.run(
-        [*concierge_command(), "verify", *urls],
-        env={**os.environ, **stack.env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    checked = stack.verify()
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_an_early_cancel_gives_the_room_back_and_refunds_the_whole_stay_once(stack: Stack, issuer: LocalIssuer) -> None:

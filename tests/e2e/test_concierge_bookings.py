@@ -8,10 +8,7 @@ neither list, read nor cancel it: ``unknown_booking``, exactly as for an id nobo
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +18,7 @@ import pytest
 
 from domain.booking import to_cents
 from infra.people import LocalIssuer
-from tests.procs import concierge_command
-from tests.stack import CORE, Stack, fresh_database, stay
+from tests.stack import CORE, Stack, fresh_database, new_person, people_env, stay
 
 pytestmark = pytest.mark.e2e
 
@@ -39,9 +35,7 @@ def issuer(tmp_path_factory: pytest.TempPathFactory) -> LocalIssuer:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, issuer: LocalIssuer) -> Iterator[Stack]:
     env = {
-        "CONCIERGE_AUTH": "on",
-        "CONCIERGE_AUTH_ISSUER": ISSUER,
-        "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path),
+        **people_env(issuer, ISSUER),
         "APPROVAL_TTL_S": "600",
     }
     tmp: Path = tmp_path_factory.mktemp("concierge-bookings")
@@ -53,7 +47,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, issuer: Loca
 
 
 def person(issuer: LocalIssuer) -> dict[str, str]:
-    return {"Authorization": f"Bearer {issuer.mint(f'guest-{uuid.uuid4().hex[:8]}')}"}
+    return new_person(issuer)
 
 
 def concierge_url(stack: Stack, path: str) -> str:
@@ -98,15 +92,8 @@ def booked(stack: Stack, who: dict[str, str], days_ahead: int) -> dict[str, Any]
 
 
 def verify(stack: Stack) -> None:
-    urls = ("--hotel-api", stack.url("hotel-api"), "--payment-api", stack.url("payment-api"))
-    done = subprocess.run(
-        [*concierge_command(), "verify", *urls],
-        env={**os.environ, **stack.env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    checked = stack.verify()
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_a_new_chat_lists_the_persons_bookings_and_cancels_one_after_an_approval_naming_refund_and_fee(
