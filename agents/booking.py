@@ -91,7 +91,7 @@ from infra.bookings import AfterSaleCancel, BookingStore, CancelOutcome
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.clients.wire import Cancellation
 from infra.error_table import answer_for, answer_response
-from infra.journal import is_final, name_instance, read_journal
+from infra.journal import is_final, read_journal
 from infra.people import Caller, IdempotencyKeyReusedError
 from infra.quotas import Release
 from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
@@ -107,7 +107,6 @@ from infra.service.openapi import (
 from infra.service.people import PEOPLE_ANSWERS, Who, open_stream
 from infra.settings import Settings, get_settings
 from infra.signals import ShuttingDownError
-from infra.tasks import drain_tasks
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import (
     OUTBOUND_BULKHEAD_CONFIGS,
@@ -122,9 +121,8 @@ from resilience import (
     remaining_budget,
     wait_for_slots,
 )
-from runs.leases import RunStore, instance_name
-from runs.presence import Presence
-from runs.runner import execute_run
+from runs.host import RunHost, hosted_instance
+from runs.leases import RunStore
 from runs.versions import graph_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -314,8 +312,8 @@ class BookingService:
         """The runs' slots (``RUNS_BULKHEAD``)."""
         self.door = door or FixedDoor(slots)
         """Who decides how many of them are taken: the fixed cap or the adaptive limit."""
-        self.stopping = asyncio.Event()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.host = RunHost(guard.safe_enqueue, what=SERVICE, drain_s=DRAIN_S)
+        """Where its runs execute (``runs.host``): bookings and the cancels of confirmed ones."""
 
     async def admit(
         self,
@@ -406,37 +404,40 @@ class BookingService:
             slot.discard()  # no run: its latency is no sample
         return booking_id, created
 
-    def start(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
-        task = asyncio.create_task(self._run(lease, run_input, slot), name=f"booking:{lease.thread_id}")
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+    @property
+    def stopping(self) -> asyncio.Event:
+        return self.host.stopping
 
-    async def _run(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
+    @property
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        return self.host.tasks
+
+    def start(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
         """Run the booking in ``slot``; only a confirmed booking's time is a latency sample for the door.
 
         A failed run's time is its dependency's answer, not this door's queue: a breaker's refusal in milliseconds
         would become the baseline no booking reaches again, and hold the door at its floor once the fault clears.
+        Not inside the inbound bulkhead: an accepted booking is a promise, not a request we may shed (the cap guards
+        acceptance; the run is bounded by its own budget, and waits out full bulkheads within it).
         """
-        # Not inside the inbound bulkhead: an accepted booking is a promise, not a request we may shed. The cap
-        # guards acceptance (above); the run is bounded by its own budget, and waits out full bulkheads within it.
-        confirmed = False
-        try:
-            result = await execute_run(
-                self.graph,
-                lease,
-                run_input,
-                budget_s=get_settings().booking_budget_s,
-                stop=self.stopping,
-                hand_off=self.guard.safe_enqueue,
-                promised_until=booking_deadline(time.time()),  # accepted just now
-                is_final=booking_is_final,
-            )
-            confirmed = (result.values or {}).get("status") == BookingStatus.CONFIRMED
-        finally:
+
+        def then(result: Any) -> None:
+            confirmed = result is not None and (result.values or {}).get("status") == BookingStatus.CONFIRMED
             if confirmed:
                 slot.release()
             else:
                 slot.discard()
+
+        self.host.start(
+            self.graph,
+            lease,
+            run_input,
+            budget_s=get_settings().booking_budget_s,
+            is_final=booking_is_final,
+            promised_until=booking_deadline(time.time()),  # accepted just now
+            then=then,
+            name="booking",
+        )
 
     async def cancel_confirmed(
         self, booking: dict[str, Any], max_fee: float | None
@@ -463,41 +464,25 @@ class BookingService:
         lease = await self.runs.create(thread_id, CANCELLATION_GRAPH, run_input, self.instance, version=version)
         outcome, refund = await self.bookings.begin_cancel(booking_id, quote.to_wire(), thread_id)
         if lease is not None:  # whoever recorded the run runs it; the booking names it (``begin_cancel``)
-            task = asyncio.create_task(self._run_cancel(lease, run_input), name=f"cancel:{thread_id}")
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            budget_s = get_settings().booking_budget_s
+            self.host.start(
+                self.cancellation, lease, run_input, budget_s=budget_s, is_final=cancellation_is_final, name="cancel"
+            )
         return outcome, refund if isinstance(refund, dict) else None
-
-    async def _run_cancel(self, lease: Any, run_input: dict[str, Any]) -> None:
-        await execute_run(
-            self.cancellation,
-            lease,
-            run_input,
-            budget_s=get_settings().booking_budget_s,
-            stop=self.stopping,
-            hand_off=self.guard.safe_enqueue,
-            is_final=cancellation_is_final,
-        )
 
     async def drain(self) -> None:
         """SIGTERM: cancel each run's current step, hand the runs to recovery, then return."""
-        self.stopping.set()
-        await drain_tasks(self.tasks, grace=DRAIN_S, what="booking-agent")
+        await self.host.drain()
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     redis = app.state.redis
-    async with open_checkpointer() as saver, open_booking_deps(redis) as deps:
+    async with open_checkpointer() as saver, open_booking_deps(redis) as deps, hosted_instance(SERVICE) as instance:
         app.state.checkpointer = saver
         graph = build_booking_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
-        instance = instance_name(settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}")
-        name_instance(instance)  # the journal names the process as its run leases do
-        presence = Presence(instance) if settings.presence_enabled else None
-        if presence is not None:
-            await presence.start()  # registered before the first run, so every run is held by it
         # never waited for (try_hold), and a run bounds itself: acquire_timeout and timeout are not used
         slots = bulkhead_registry.configure(
             RUNS_BULKHEAD,
@@ -523,11 +508,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            try:
-                await service.drain()
-            finally:
-                if presence is not None:
-                    await presence.stop()
+            await service.drain()
 
 
 async def _checkpointer_ready() -> None:

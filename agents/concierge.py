@@ -63,7 +63,6 @@ from infra.a2a.wire import A2A_PATH
 from infra.chats import FeedHub
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.error_table import is_outage
-from infra.journal import name_instance
 from infra.llm import ChatModel
 from infra.people import Caller, IdempotencyKeyReusedError, person_key
 from infra.quotas import Release
@@ -71,12 +70,12 @@ from infra.service import STREAM_ID_PATTERN, create_service_app, journal_respons
 from infra.service.openapi import answers, detail, document_service_token, error, validation_error
 from infra.service.people import PEOPLE_ANSWERS, Who, open_stream
 from infra.settings import get_settings
-from infra.tasks import drain_tasks, stop_task
+from infra.tasks import stop_task
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import remaining_budget
-from runs.leases import RunLease, RunRecord, RunStatus, RunStore, instance_name
-from runs.presence import Presence
-from runs.runner import RunInput, execute_run
+from runs.host import RunHost, hosted_instance
+from runs.leases import RunLease, RunRecord, RunStatus, RunStore
+from runs.runner import RunInput
 from runs.versions import graph_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -165,8 +164,16 @@ class ConciergeService:
         self.instance = instance
         self.hub = FeedHub(deps.feed)
         """Live readers of the chats' journals (one Redis connection per followed chat)."""
-        self.stopping = asyncio.Event()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.host = RunHost(guard.safe_enqueue, what=SERVICE, drain_s=DRAIN_S)
+        """Where its turns execute (``runs.host``)."""
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        return self.host.stopping
+
+    @property
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        return self.host.tasks
 
     async def create_chat(self, owner: str | None, *, capped: bool = True) -> str:
         """A new chat of ``owner``'s; a person's (``capped``) are at most ``PERSON_MAX_CHATS`` at once (429)."""
@@ -348,20 +355,8 @@ class ConciergeService:
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     def start(self, lease: RunLease, run_input: RunInput) -> None:
-        task = asyncio.create_task(self._run(lease, run_input), name=f"turn:{lease.thread_id}")
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _run(self, lease: RunLease, run_input: RunInput) -> None:
-        await execute_run(
-            self.graph,
-            lease,
-            run_input,
-            budget_s=get_settings().concierge_turn_budget_s,
-            stop=self.stopping,
-            hand_off=self.guard.safe_enqueue,
-            is_final=turn_is_final,
-        )
+        budget_s = get_settings().concierge_turn_budget_s
+        self.host.start(self.graph, lease, run_input, budget_s=budget_s, is_final=turn_is_final, name="turn")
 
     async def view(self, chat_id: str, wait_s: float = 0.0, who: Caller | None = None) -> dict[str, Any]:
         """The chat as ``GET /chats/{id}`` shows it (404 when there is none, or it is not ``who``'s)."""
@@ -380,8 +375,7 @@ class ConciergeService:
 
     async def drain(self) -> None:
         """SIGTERM: cancel each turn's current step and hand the turns to recovery, then return."""
-        self.stopping.set()
-        await drain_tasks(self.tasks, grace=DRAIN_S, what="concierge-agent")
+        await self.host.drain()
 
 
 def _bound_key(client_key: str | None, text: str) -> str | None:
@@ -436,15 +430,10 @@ def _start_warm_up(deps: ConciergeDeps) -> asyncio.Task[bool] | None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     redis = app.state.redis
-    async with open_checkpointer() as saver, open_concierge_deps(redis) as deps:
+    async with open_checkpointer() as saver, open_concierge_deps(redis) as deps, hosted_instance(SERVICE) as instance:
         app.state.checkpointer = saver
         graph = build_concierge_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
-        instance = instance_name(settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}")
-        name_instance(instance)
-        presence = Presence(instance) if settings.presence_enabled else None
-        if presence is not None:
-            await presence.start()
         service = ConciergeService(deps, graph, RunStore(redis), guard, instance)
         app.state.concierge = service
         app.state.stopping.add(service.stopping.set)
@@ -455,17 +444,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            try:
-                if warm_up is not None:
-                    await stop_task(warm_up, within=1.0, what="the model warm-up")
-                # no new turn from a sweep while the turns in hand are handed back
-                within = min(interval, DRAIN_S) + 1.0
-                await stop_task(sweeper, stop=service.stopping, within=within, what="the approval sweeper")
-                await service.drain()
-                await service.hub.aclose()
-            finally:
-                if presence is not None:
-                    await presence.stop()
+            if warm_up is not None:
+                await stop_task(warm_up, within=1.0, what="the model warm-up")
+            # no new turn from a sweep while the turns in hand are handed back
+            within = min(interval, DRAIN_S) + 1.0
+            await stop_task(sweeper, stop=service.stopping, within=within, what="the approval sweeper")
+            await service.drain()
+            await service.hub.aclose()
 
 
 async def _checkpointer_ready() -> None:

@@ -35,11 +35,16 @@ class GatedService(BookingService):
 
     gate: asyncio.Event
 
-    async def _run(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
-        try:
-            await self.gate.wait()
-        finally:
-            slot.release()
+    def start(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
+        async def gated() -> None:
+            try:
+                await self.gate.wait()
+            finally:
+                slot.release()
+
+        task = asyncio.create_task(gated(), name=f"gated:{lease.thread_id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
 
 @pytest.fixture
