@@ -404,14 +404,6 @@ class BookingService:
             slot.discard()  # no run: its latency is no sample
         return booking_id, created
 
-    @property
-    def stopping(self) -> asyncio.Event:
-        return self.host.stopping
-
-    @property
-    def tasks(self) -> set[asyncio.Task[Any]]:
-        return self.host.tasks
-
     def start(self, lease: Any, run_input: dict[str, Any], slot: TimedSlot) -> None:
         """Run the booking in ``slot``; only a confirmed booking's time is a latency sample for the door.
 
@@ -501,9 +493,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             cancellation=build_cancellation_graph(deps, saver),
         )
         app.state.booking = service
-        app.state.vitals.runs_in_flight = lambda: len(service.tasks)
+        app.state.vitals.runs_in_flight = lambda: len(service.host.tasks)
         # SIGTERM (the shell's ``stopping``): runs stop at their next step boundary, long-polls answer at once
-        app.state.stopping.add(service.stopping.set)
+        app.state.stopping.add(service.host.stopping.set)
         app.state.stopping.add(service.bookings.release_waiters)
         try:
             yield
@@ -560,7 +552,7 @@ def _key_reused() -> IdempotencyKeyReusedError:
 
 def _service() -> BookingService:
     service: BookingService = app.state.booking
-    if service.stopping.is_set():
+    if service.host.stopping.is_set():
         raise ShuttingDownError(SERVICE)
     return service
 

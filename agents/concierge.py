@@ -167,14 +167,6 @@ class ConciergeService:
         self.host = RunHost(guard.safe_enqueue, what=SERVICE, drain_s=DRAIN_S)
         """Where its turns execute (``runs.host``)."""
 
-    @property
-    def stopping(self) -> asyncio.Event:
-        return self.host.stopping
-
-    @property
-    def tasks(self) -> set[asyncio.Task[Any]]:
-        return self.host.tasks
-
     async def create_chat(self, owner: str | None, *, capped: bool = True) -> str:
         """A new chat of ``owner``'s; a person's (``capped``) are at most ``PERSON_MAX_CHATS`` at once (429)."""
         chat_id = uuid.uuid4().hex
@@ -299,11 +291,11 @@ class ConciergeService:
         the waiting index lists only parked runs, so a sweep reads nothing else."""
         expired: list[str] = []
         for _ in range(SWEEP_PAGES):
-            if self.stopping.is_set():
+            if self.host.stopping.is_set():
                 break
             due = await self.runs.due_waits(SWEEP_BATCH)
             for chat_id in due:
-                if self.stopping.is_set():
+                if self.host.stopping.is_set():
                     break
                 try:
                     if await self._expire(chat_id):
@@ -336,7 +328,7 @@ class ConciergeService:
         """The approval sweeper: ``sweep_once`` every ``interval`` until ``stopping``; an outage of the stores is one
         warning when it starts and one when it ends, a bug is logged, and the loop goes on either way."""
         down_since: float | None = None
-        while not self.stopping.is_set():
+        while not self.host.stopping.is_set():
             started = time.monotonic()
             try:
                 await self.sweep_once()
@@ -350,7 +342,7 @@ class ConciergeService:
                 if down_since is not None:
                     logger.warning("approval sweeps resumed after %.1fs", started - down_since)
                     down_since = None
-            if self.stopping.is_set():
+            if self.host.stopping.is_set():
                 return
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
@@ -367,7 +359,9 @@ class ConciergeService:
         record = await self.runs.get(chat_id)
         deadline = time.monotonic() + wait_s
         # a stopping process answers what it knows at once (docs/liveness.md): the client asks a replica again
-        while _status_of(record) is ChatStatus.RUNNING and time.monotonic() < deadline and not self.stopping.is_set():
+        while (
+            _status_of(record) is ChatStatus.RUNNING and time.monotonic() < deadline and not self.host.stopping.is_set()
+        ):
             await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
             record = await self.runs.get(chat_id)
         chat = await self.deps.chats.get(chat_id) or chat
@@ -436,7 +430,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         guard = QueueGuard(redis, DeadLetterQueue(redis))
         service = ConciergeService(deps, graph, RunStore(redis), guard, instance)
         app.state.concierge = service
-        app.state.stopping.add(service.stopping.set)
+        app.state.stopping.add(service.host.stopping.set)
         app.state.stopping.add(service.hub.wake)  # open streams end at once, with ``shutting_down``
         interval = settings.approval_sweep_interval_s
         sweeper = asyncio.create_task(service.sweep(interval), name="approval-sweeper")
@@ -448,7 +442,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await stop_task(warm_up, within=1.0, what="the model warm-up")
             # no new turn from a sweep while the turns in hand are handed back
             within = min(interval, DRAIN_S) + 1.0
-            await stop_task(sweeper, stop=service.stopping, within=within, what="the approval sweeper")
+            await stop_task(sweeper, stop=service.host.stopping, within=within, what="the approval sweeper")
             await service.drain()
             await service.hub.aclose()
 
@@ -462,7 +456,7 @@ app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer
 
 def _service() -> ConciergeService:
     service: ConciergeService = app.state.concierge
-    if service.stopping.is_set():
+    if service.host.stopping.is_set():
         raise HTTPException(status_code=503, detail=f"{SERVICE} is shutting down", headers={"Retry-After": "1"})
     return service
 
@@ -613,7 +607,7 @@ async def _follow(
         async with contextlib.aclosing(service.hub.follow(chat_id, after)) as entries:
             async for entry in entries:
                 if not entry:
-                    if service.stopping.is_set():  # the rest from a replica, or after the restart
+                    if service.host.stopping.is_set():  # the rest from a replica, or after the restart
                         yield shutting_down_event(SERVICE)
                         return
                     if await request.is_disconnected():

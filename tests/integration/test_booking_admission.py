@@ -43,8 +43,8 @@ class GatedService(BookingService):
                 slot.release()
 
         task = asyncio.create_task(gated(), name=f"gated:{lease.thread_id}")
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.host.tasks.add(task)
+        task.add_done_callback(self.host.tasks.discard)
 
 
 @pytest.fixture
@@ -64,8 +64,8 @@ async def service(redis: Redis) -> AsyncIterator[GatedService]:
     service.gate = asyncio.Event()
     yield service
     service.gate.set()
-    if service.tasks:
-        await asyncio.wait(set(service.tasks))
+    if service.host.tasks:
+        await asyncio.wait(set(service.host.tasks))
 
 
 def request(n: int, city: str = "Lisbon") -> BookingRequest:
@@ -103,7 +103,7 @@ async def test_past_the_cap_a_new_booking_is_refused_before_anything_is_recorded
     assert service.slots.stats()["rejected"] == 3
 
     service.gate.set()  # the runs end and give their slots back
-    await asyncio.wait(set(service.tasks))
+    await asyncio.wait(set(service.host.tasks))
     assert service.slots.in_use == 0
     _, created = await service.admit(request(2), "key-2")
     assert created
