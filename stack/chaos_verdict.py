@@ -717,16 +717,19 @@ def _chat_lines(chats: ChatJudgement) -> list[str]:
         f"  charges above an approved total: {len(chats['over_charged'])} · chats left running after the heal: "
         f"{len(chats['left_running'])}",
     ]
-    for label, items in (
+    return lines + _examples(
         ("not 1:1", chats["not_one_to_one"]),
         ("booked without a granted approval", chats["unexplained_bookings"]),
         ("refused yet booked", chats["refused_but_booked"]),
         ("answers disagree", chats["answers_disagree"]),
         ("over charged", chats["over_charged"]),
         ("left running", chats["left_running"]),
-    ):
-        lines += [f"  {label}: {item}" for item in items[:10]]
-    return lines
+    )
+
+
+def _examples(*found: tuple[str, Sequence[object]]) -> list[str]:
+    """A line per broken case (the first ten of each kind), labelled: what the verdict's counts are made of."""
+    return [f"  {label}: {item}" for label, items in found for item in items[:10]]
 
 
 def _refund_lines(refunds: RefundJudgement) -> list[str]:
@@ -745,11 +748,9 @@ def _refund_lines(refunds: RefundJudgement) -> list[str]:
         f"{len(refunds['unrefunded'])} · refunded other than total − fee: {len(refunds['wrong_refund'])} · "
         f"cancels not final after the heal: {len(refunds['not_final'])}",
     ]
-    for label, items in (
+    return lines + _examples(
         ("double refund", refunds["double_refunds"]),
         ("no refund", refunds["unrefunded"]),
         ("wrong refund", refunds["wrong_refund"]),
         ("cancel not final", refunds["not_final"]),
-    ):
-        lines += [f"  {label}: {item}" for item in items[:10]]
-    return lines
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from stack.errors import UsageError
 from stack.services import SERVICES, ServiceSpec, UnknownServiceError, get_service
@@ -155,8 +156,19 @@ def _check_unique(instances: Sequence[Instance]) -> None:
         owner[instance.port] = instance.name
 
 
-def select_instances(instances: Sequence[Instance], target: str) -> list[Instance]:
-    """``booking-agent`` → all its replicas; ``booking-agent:2`` → that one. Unknown names raise."""
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def service(self) -> str: ...
+
+
+_N = TypeVar("_N", bound=_Named)
+
+
+def select_instances(instances: Sequence[_N], target: str) -> list[_N]:
+    """``booking-agent`` → all its replicas; ``booking-agent:2`` → that one (planned ``Instance``s, or a running
+    stack's ``InstanceState``s). Unknown names raise."""
     service, _, replica = target.partition(":")
     get_service(service)  # UnknownServiceError names the valid services
     chosen = [i for i in instances if i.service == service and (not replica or i.name == target)]

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from stack.console import EXIT_OK, Subparsers, one_line_errors, stack_paths
 from stack.control import call
-from stack.errors import StackError, UsageError
+from stack.errors import StackError
+from stack.layout import select_instances
 from stack.services import get_service
 from stack.state import InstanceState, StackPaths, StackState
 from stack.status import collect_report
@@ -48,15 +49,7 @@ def restart_order(instances: Sequence[InstanceState], targets: Sequence[str]) ->
     """The instances to restart, in start-up order; ``UsageError`` for a target that names none of them."""
     if not targets:
         return list(instances)
-    chosen: set[str] = set()
-    for target in targets:
-        service, _, replica = target.partition(":")
-        get_service(service)  # an unknown service name gets the usual message
-        matched = [i.name for i in instances if i.service == service and (not replica or i.name == target)]
-        if not matched:
-            names = ", ".join(i.name for i in instances if i.service == service) or "no instance here"
-            raise UsageError(f"no instance {target!r}; {service} runs as {names}")
-        chosen.update(matched)
+    chosen = {i.name for target in targets for i in select_instances(instances, target)}
     return [i for i in instances if i.name in chosen]
 
 

@@ -89,6 +89,18 @@ def read(graph: str, version: str) -> dict[str, Any]:
     return fixture
 
 
+async def run_until_it_dies(graph: Any, run_input: Any, config: Any, what: str) -> None:
+    """Run ``graph`` from ``run_input`` until a fake dependency kills it (``Died``), as kill -9 would mid-step."""
+    from resilience import budget_scope
+
+    try:
+        with budget_scope(30.0):
+            await graph.ainvoke(run_input, config, durability="sync")
+    except Died:
+        return
+    raise AssertionError(f"{what} was to die")
+
+
 # ----------------------------------------------------------------------------------------- the booking graph
 
 BOOKING_REQUEST: dict[str, Any] = {
@@ -108,7 +120,6 @@ async def record_booking(redis: Any, booking_id: str) -> dict[str, Any]:
     from infra.bookings import BookingStore
     from infra.clients.providers import HotelApiClient
     from infra.payment_tokens import PaymentTokens
-    from resilience import budget_scope
     from runs.runner import run_config
     from runs.versions import graph_fingerprint
 
@@ -132,15 +143,8 @@ async def record_booking(redis: Any, booking_id: str) -> dict[str, Any]:
         version = graph_fingerprint(graph)
         await tokens.put(booking_id, BOOKING_REQUEST["payment_token"])
         await store.create(booking_id, BOOKING_REQUEST)
-        try:
-            with budget_scope(30.0):
-                await graph.ainvoke(
-                    booking_input(booking_id, BOOKING_REQUEST), run_config(booking_id, version), durability="sync"
-                )
-        except Died:
-            pass
-        else:
-            raise AssertionError("the recorded run was to die in its charge")
+        run = booking_input(booking_id, BOOKING_REQUEST)
+        await run_until_it_dies(graph, run, run_config(booking_id, version), "the recorded run, in its charge")
     await http.aclose()
     return await dump(saver, booking_id, BOOKING_GRAPH, version)
 
@@ -160,7 +164,6 @@ async def record_cancellation(redis: Any, booking_id: str) -> dict[str, Any]:
     from infra.bookings import BookingStore
     from infra.clients.providers import HotelApiClient
     from infra.payment_tokens import PaymentTokens
-    from resilience import budget_scope
     from runs.runner import run_config
     from runs.versions import graph_fingerprint
 
@@ -185,15 +188,8 @@ async def record_cancellation(redis: Any, booking_id: str) -> dict[str, Any]:
         thread_id = cancel_thread_id(booking_id)
         booking = await confirmed_booking(store, booking_id)
         await store.begin_cancel(booking_id, REFUND, thread_id)
-        try:
-            with budget_scope(30.0):
-                await graph.ainvoke(
-                    cancellation_input(booking, REFUND), run_config(thread_id, version), durability="sync"
-                )
-        except Died:
-            pass
-        else:
-            raise AssertionError("the recorded cancel was to die in its refund")
+        run = cancellation_input(booking, REFUND)
+        await run_until_it_dies(graph, run, run_config(thread_id, version), "the recorded cancel, in its refund")
         assert (await store.status(booking_id)) == BookingStatus.CANCELLING
     await http.aclose()
     return await dump(saver, thread_id, CANCELLATION_GRAPH, version)
