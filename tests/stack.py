@@ -179,10 +179,20 @@ class Stack:
 
     # --- another service's view: A2A with a service token ---------------------------------------------------
     def service_token(
-        self, issuer: str, audience: str, *, secret: str | None = None, now: float | None = None, ttl_s: int = 60
+        self,
+        issuer: str,
+        audience: str,
+        *,
+        secret: str | None = None,
+        now: float | None = None,
+        ttl_s: int = 60,
+        person: str | None = None,
     ) -> str:
-        """A token from ``issuer`` for ``audience``, signed with this stack's secret (or ``secret``)."""
-        return mint_service_token(secret or self.secret, issuer=issuer, audience=audience, now=now, ttl_s=ttl_s)
+        """A token from ``issuer`` for ``audience`` (acting for ``person`` when given), signed with this stack's
+        secret (or ``secret``)."""
+        return mint_service_token(
+            secret or self.secret, issuer=issuer, audience=audience, now=now, ttl_s=ttl_s, person=person
+        )
 
     def a2a(self, service: str, skill: str, data: dict[str, Any], *, authorization: str | None) -> httpx.Response:
         """A raw JSON-RPC ``SendMessage`` running ``skill`` on ``service``, with the given ``Authorization``."""

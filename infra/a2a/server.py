@@ -24,12 +24,14 @@ from datetime import UTC, datetime
 from email.utils import formatdate
 from typing import Any
 
+from a2a.auth.user import User
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler, validate_request_params
 from a2a.server.routes import add_a2a_routes_to_fastapi, create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
@@ -155,9 +157,39 @@ class Skill:
             object.__setattr__(self, "callers", frozenset(self.callers))
 
 
+_CLAIMS_SCOPE_KEY = "concierge.a2a.claims"
+"""Where the guard leaves a request's verified claims for the call-context builder (the ASGI scope)."""
+
+
+@dataclass(frozen=True)
+class _TaskOwner(User):
+    """Whom a task belongs to: the verified caller and the person it acts for. The SDK's task store keys every task
+    by ``user_name``, so ``GetTask``/``ListTasks`` for one person never find another's, nor another service's."""
+
+    claims: ServiceClaims
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        person = self.claims.person
+        return f"{self.claims.issuer}:person:{person}" if person is not None else f"{self.claims.issuer}:self"
+
+
+class _OwnerContextBuilder(DefaultServerCallContextBuilder):
+    def build_user(self, request: Request) -> User:
+        claims = request.scope.get(_CLAIMS_SCOPE_KEY)
+        if not isinstance(claims, ServiceClaims):  # the guard runs first on every route: a request without is a bug
+            raise RuntimeError("an A2A request reached the SDK without verified claims")
+        return _TaskOwner(claims)
+
+
 class _RecentTaskStore(TaskStore):
-    """The SDK's ``InMemoryTaskStore``, forgetting the oldest tasks beyond ``capacity``, and keeping no secret a
-    request carried (``without_secrets``: a card's token is used, never stored in a task's history)."""
+    """The SDK's ``InMemoryTaskStore`` (tasks kept per ``_TaskOwner``), forgetting the oldest tasks beyond
+    ``capacity``, and keeping no secret a request carried (``without_secrets``: a card's token is used, never stored
+    in a task's history)."""
 
     def __init__(self, capacity: int = _TASKS_KEPT) -> None:
         self._inner = InMemoryTaskStore()
@@ -534,6 +566,7 @@ def _guarded(
         token = None
         if not trace.get_current_span().get_span_context().is_valid:
             token = otel_context.attach(propagate.extract(request.headers))
+        request.scope[_CLAIMS_SCOPE_KEY] = claims
         caller = _caller.set(claims.issuer)
         person = _person.set(claims.person)
         try:
@@ -602,7 +635,7 @@ def mount_a2a(
     )
     rpc_routes = [
         Route(route.path, endpoint=_guarded(route.endpoint, name), methods=["POST"])
-        for route in create_jsonrpc_routes(handler, rpc_url=A2A_PATH)
+        for route in create_jsonrpc_routes(handler, rpc_url=A2A_PATH, context_builder=_OwnerContextBuilder())
         if isinstance(route, Route)
     ]
     add_a2a_routes_to_fastapi(app, agent_card_routes=_card_routes(card), jsonrpc_routes=rpc_routes)

@@ -151,8 +151,10 @@ AGENT_SKILLS = {
 }
 
 
-def rpc(stack: Stack, service: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    token = stack.service_token("booking-agent", service)
+def rpc(
+    stack: Stack, service: str, method: str, params: dict[str, Any], *, person: str | None = None
+) -> dict[str, Any]:
+    token = stack.service_token("booking-agent", service, person=person)
     headers = {"A2A-Version": "1.0", "Authorization": f"Bearer {token}"}
     body = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
     response = stack.http.post(f"{stack.url(service)}/a2a", json=body, headers=headers)
@@ -192,6 +194,42 @@ def test_a_search_asked_for_in_words_runs_when_the_data_part_follows_in_the_same
     found = rpc(stack, "search-agent", "GetTask", {"id": task["id"]})["result"]
     assert [m["role"] for m in found["history"]] == ["ROLE_USER", "ROLE_AGENT", "ROLE_USER"]
     assert all(m["contextId"] == task["contextId"] for m in found["history"])
+
+
+def test_a2a_tasks_are_found_and_listed_only_for_the_person_and_service_they_were_made_for(stack: Stack) -> None:
+    checkin, checkout = stay()
+    query = {"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2}
+
+    def search(person: str | None) -> str:
+        message = {
+            "messageId": uuid.uuid4().hex,
+            "role": "ROLE_USER",
+            "parts": [{"data": {"skill": "search_hotels", "input": query}}],
+        }
+        task = rpc(stack, "search-agent", "SendMessage", {"message": message}, person=person)["result"]["task"]
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+        return str(task["id"])
+
+    ana, bruno = f"ana-{uuid.uuid4().hex[:8]}", f"bruno-{uuid.uuid4().hex[:8]}"
+    anas, brunos, services_own = search(ana), search(bruno), search(None)
+
+    def listed(person: str | None) -> set[str]:
+        answer = rpc(stack, "search-agent", "ListTasks", {"pageSize": 100}, person=person)
+        return {task["id"] for task in answer["result"].get("tasks", [])}
+
+    assert anas in listed(ana) and brunos not in listed(ana) and services_own not in listed(ana)
+    assert brunos in listed(bruno) and anas not in listed(bruno)
+    assert services_own in listed(None) and not {anas, brunos} & listed(None)
+    assert rpc(stack, "search-agent", "GetTask", {"id": anas}, person=ana)["result"]["id"] == anas
+    for task_id, person in ((anas, bruno), (brunos, ana), (anas, None), (services_own, ana)):
+        refused = rpc(stack, "search-agent", "GetTask", {"id": task_id}, person=person)
+        assert "result" not in refused and refused["error"]["code"] == -32001, refused  # TaskNotFoundError
+    # the same person through another service is another owner: a task is its caller's
+    token = stack.service_token("concierge-agent", "search-agent", person=ana)
+    body = {"jsonrpc": "2.0", "id": "x", "method": "GetTask", "params": {"id": anas}}
+    headers = {"A2A-Version": "1.0", "Authorization": f"Bearer {token}"}
+    other = stack.http.post(f"{stack.url('search-agent')}/a2a", json=body, headers=headers).json()
+    assert other["error"]["code"] == -32001, other
 
 
 @pytest.mark.parametrize(
