@@ -37,6 +37,7 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import ServerSentEvent
 
+from domain import currency_code, hotel_named
 from domain.booking import ErrorCode
 from domain.chat import (
     ApprovalExpiredError,
@@ -709,9 +710,9 @@ def _decide_this(approval: dict[str, Any], why: str) -> str:
     """The words of an ``input-required`` answer: why nothing was decided, and what to send for the pending one."""
     return (
         f"Nothing was decided: {why}. Approval {approval.get('approval_id')} ({approval.get('action', 'book')}) "
-        f"waits: {approval.get('hotel_name')}, "
-        f"{approval.get('checkin')} to {approval.get('checkout')}, {approval.get('guests')} guest(s), "
-        f"{approval.get('total_price')} {approval.get('currency')}, until {approval.get('expires_at')}. Decide it with "
+        f"waits: {approval.get('checkin')} to {approval.get('checkout')}, {approval.get('guests')} guest(s), "
+        f"{approval.get('total_price')} {currency_code(approval.get('currency'))}, until {approval.get('expires_at')}; "
+        f"{hotel_named(approval.get('hotel_id'), approval.get('hotel_name'))}. Decide it with "
         f'{{"approve": true|false, "approval_id": "{approval.get("approval_id")}"}}.'
     )
 

@@ -1,6 +1,6 @@
 """The vocabulary every floor speaks: a booking's (``domain.booking``: stay rules, statuses, error codes, journal
 kinds; ``domain.cancellation``: what cancelling a stay costs), a city's (``domain.cities``: one canonical name for
-"Lisboa", "LISBON" and "lisbon ") and the model's (``domain.llm``: the simulated model names, the concierge's tool
+"Lisboa", "LISBON" and "lisbon "), a provider's text (``domain.third_party``: shown as data) and the model's (``domain.llm``: the simulated model names, the concierge's tool
 names)."""
 
 from domain.booking import (
@@ -48,6 +48,7 @@ from domain.llm import (
     SIMULATED_MODELS,
     TOOL_NAMES,
 )
+from domain.third_party import MAX_THIRD_PARTY_CHARS, currency_code, hotel_named, quoted, third_party_text
 
 __all__ = [
     "BOOK_HOTEL",
@@ -63,6 +64,7 @@ __all__ = [
     "MAX_DAYS_AHEAD",
     "MAX_GUESTS",
     "MAX_NIGHTS",
+    "MAX_THIRD_PARTY_CHARS",
     "MIN_GUESTS",
     "PRIMARY_MODEL",
     "PROGRESS",
@@ -85,10 +87,14 @@ __all__ = [
     "check_guests",
     "check_nights",
     "city_key",
+    "currency_code",
     "describe_cancellation",
+    "hotel_named",
     "nights_between",
     "parse_iso_date",
     "quote_refund",
+    "quoted",
     "rooms_for",
+    "third_party_text",
     "validate_stay",
 ]

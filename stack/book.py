@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from domain import describe_cancellation
+from domain import currency_code, describe_cancellation, hotel_named
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
     MAX_NIGHTS,
@@ -339,11 +339,11 @@ def _follow(client: _Client, body: dict[str, Any], started: float, timeout: floa
     seen = str(booking.get("status"))
     if seen == "confirmed":
         price = booking.get("total_price")
-        total = f"{price:.2f} {booking.get('currency')}" if isinstance(price, int | float) else "-"
+        total = f"{price:.2f} {currency_code(booking.get('currency'))}" if isinstance(price, int | float) else "-"
         print(
-            f"confirmed: {booking.get('hotel_name')} ({booking.get('hotel_id')}) · {total} · "
-            f"reservation {booking.get('reservation_id')} · payment {booking.get('payment_id')} · "
-            f"{describe_cancellation(booking.get('cancellation'))}"
+            f"confirmed: {total} · reservation {booking.get('reservation_id')} · payment {booking.get('payment_id')} "
+            f"· {describe_cancellation(booking.get('cancellation'))} · "
+            f"{hotel_named(booking.get('hotel_id'), booking.get('hotel_name'))}"
         )
         return EXIT_OK
     if seen == "cancelled":

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from domain import describe_cancellation
+from domain import currency_code, describe_cancellation, hotel_named
 from domain.booking import BookingStatus
 from stack.book import booking_agent_urls
 from stack.console import EXIT_OK, Subparsers, one_line_errors
@@ -78,8 +78,8 @@ def _show(args: argparse.Namespace) -> int:
     booking = _get(f"{url}/bookings/{args.booking_id}", args.user)
     if booking.status_code == 200 and (view := booking.json()).get("hotel_id"):
         price = view.get("total_price")
-        total = f"{price:.2f} {view.get('currency')}" if isinstance(price, int | float) else "-"
-        print(f"  {view['status']}: {view.get('hotel_name')} ({view['hotel_id']}) · {total}")
+        total = f"{price:.2f} {currency_code(view.get('currency'))}" if isinstance(price, int | float) else "-"
+        print(f"  {view['status']}: {total} · {hotel_named(view['hotel_id'], view.get('hotel_name'))}")
         print(f"  {describe_cancellation(view.get('cancellation'))}")
     start = entries[0]["at"] if entries else ""
     for entry in entries:

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from domain import describe_cancellation
+from domain import currency_code, describe_cancellation, hotel_named, quoted
 from domain.booking import FINAL_BOOKING_STATUSES, JournalKind
 from infra.settings import get_settings
 from stack.book import booking_agent_urls
@@ -393,26 +393,30 @@ def _result_summary(entry: Mapping[str, Any]) -> str:
 
 
 def describe_approval(approval: Mapping[str, Any]) -> str:
+    """The terms as the server holds them first, then the hotel as hotel-api names it, quoted
+    (``domain.third_party``): a name cannot pose as the terms."""
     price = approval.get("total_price")
-    total = f"{price:.2f}" if isinstance(price, int | float) else str(price)
+    currency = currency_code(approval.get("currency"))
+    total = f"{price:.2f}" if isinstance(price, int | float) else quoted(price)
     stay = (
-        f"{approval.get('hotel_name')} ({approval.get('hotel_id')}), {approval.get('checkin')} → "
-        f"{approval.get('checkout')}, {approval.get('guests')} guest(s), {total} {approval.get('currency')}"
+        f"{approval.get('checkin')} → {approval.get('checkout')}, {approval.get('guests')} guest(s), "
+        f"total {total} {currency}"
     )
+    hotel = hotel_named(approval.get("hotel_id"), approval.get("hotel_name"))
     if approval.get("action") == "cancel":
         refund = approval.get("refund")
         back = (
-            f"refund {refund['amount']:.2f} {refund['currency']} (fee {refund['fee']:.2f} {refund['currency']})"
+            f"refund {refund['amount']:.2f} {currency} (fee {refund['fee']:.2f} {currency})"
             if isinstance(refund, Mapping)
             else "not confirmed yet: anything charged is refunded"
         )
         return (
             f"approval {approval.get('approval_id')}: cancel booking {approval.get('booking_id')}, {stay}: {back}, "
-            f"expires {approval.get('expires_at')}"
+            f"expires {approval.get('expires_at')}; {hotel}"
         )
     return (
         f"approval {approval.get('approval_id')}: book {stay}, {describe_cancellation(approval.get('cancellation'))}, "
-        f"expires {approval.get('expires_at')}"
+        f"expires {approval.get('expires_at')}; {hotel}"
     )
 
 
@@ -523,9 +527,9 @@ def report(outcome: TurnOutcome, chat_id: str, printer: Printer) -> None:
     """The turn's last lines: each booking it made with its status, then the outcome."""
     for booking in outcome.bookings:
         price = booking.get("total_price")
-        total = f" · {price:.2f} {booking.get('currency')}" if isinstance(price, int | float) else ""
-        hotel = f" · {booking.get('hotel_name')}" if booking.get("hotel_name") else ""
-        printer.line(f"booking {booking.get('booking_id')}: {booking.get('status')}{hotel}{total}")
+        total = f" · {price:.2f} {currency_code(booking.get('currency'))}" if isinstance(price, int | float) else ""
+        hotel = f" · hotel-api's name {quoted(booking.get('hotel_name'))}" if booking.get("hotel_name") else ""
+        printer.line(f"booking {booking.get('booking_id')}: {booking.get('status')}{total}{hotel}")
     if outcome.outcome == "awaiting_approval":
         approval_id = (outcome.approval or {}).get("approval_id")
         printer.line(

@@ -1,18 +1,18 @@
 """What the model reads of the world: tool results as JSON, third-party text in them cut short and cleaned.
 
-A hotel's name or a booking's message is a provider's text, not ours: ``third_party_text`` is the one place it is
+A hotel's name or a booking's message is a provider's text, not ours: ``domain.third_party`` is the one place it is
 made safe to show (at most ``MAX_THIRD_PARTY_CHARS``, no control or bidi characters).
 """
 
 from __future__ import annotations
 
 import json
-import unicodedata
 from datetime import date
 from typing import Any, Final
 
 from domain import CancellationPolicy
 from domain.booking import ErrorCode, rooms_for
+from domain.third_party import MAX_THIRD_PARTY_CHARS, third_party_text
 from infra.bookings import PUBLIC_FIELDS
 
 __all__ = [
@@ -23,19 +23,6 @@ __all__ = [
     "third_party_text",
     "tool_error",
 ]
-
-MAX_THIRD_PARTY_CHARS: Final = 120
-"""The most of one provider text field the model reads: a name, not a page of instructions."""
-_STRIPPED: Final = frozenset({"Cc", "Cf"})
-"""Control characters and format characters (bidi overrides, zero-width joiners, tags)."""
-
-
-def third_party_text(value: object) -> str | None:
-    """A provider's text as the model may read it: Unicode categories Cc and Cf removed, at most 120 characters."""
-    if value is None:
-        return None
-    text = "".join(ch for ch in str(value) if unicodedata.category(ch) not in _STRIPPED)
-    return text[:MAX_THIRD_PARTY_CHARS]
 
 
 def tool_error(message: str, code: str = ErrorCode.INVALID_REQUEST, **details: Any) -> str:
