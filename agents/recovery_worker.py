@@ -1,5 +1,5 @@
-"""recovery-worker: the service that finds orphaned runs (bookings, and the concierge's chat turns) and finishes them
-(``concierge serve recovery-worker``, port 8020).
+"""recovery-worker: the service that finds orphaned runs and finishes them on the graphs the agent packages of
+``DURABLE_AGENTS`` declare (``recovery.registry``; bookings, cancels, chat turns), port 8020.
 
 One process runs two loops next to the service shell's routes:
 
@@ -29,13 +29,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from langgraph.graph.state import CompiledStateGraph
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -43,42 +41,17 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from domain.booking import ErrorCode
-from graph.booking import (
-    BOOKING_BUILDERS,
-    BOOKING_GRAPH,
-    BOOKING_MIGRATIONS,
-    booking_deadline,
-    booking_is_final,
-    open_booking_deps,
-)
-from graph.cancellation import (
-    CANCELLATION_BUILDERS,
-    CANCELLATION_GRAPH,
-    CANCELLATION_MIGRATIONS,
-    cancellation_give_up,
-    cancellation_is_final,
-)
-from graph.concierge import (
-    CONCIERGE_BUILDERS,
-    CONCIERGE_GRAPH,
-    CONCIERGE_MIGRATIONS,
-    open_concierge_deps,
-    starts_over,
-    turn_is_final,
-)
-from graph.concierge import give_up_update as concierge_give_up
-from infra.bookings import BookingStore
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.journal import name_instance
 from infra.service import create_service_app
 from infra.settings import get_settings
 from infra.tasks import stop_task
-from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoverableGraph, RecoveryConsumer, Versions
+from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoveryConsumer, Versions
 from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
+from recovery.registry import load_durable_graphs
 from recovery.scanner import OrphanScanner
 from resilience import bulkhead_registry
-from runs.leases import RunRecord, RunStore, instance_name
+from runs.leases import RunStore, instance_name
 from runs.presence import Presence, PresenceMonitor
 
 __all__ = [
@@ -87,9 +60,6 @@ __all__ = [
     "SERVICE",
     "RecoveryWorker",
     "app",
-    "booking_recovery",
-    "cancellation_recovery",
-    "concierge_recovery",
     "install_queue_metrics",
 ]
 
@@ -109,64 +79,6 @@ QUEUE_HEALTH_FIELDS = (
 )
 # A scrape must not hang on Redis: past this, /metrics goes out without the queue figures.
 _SCRAPE_REFRESH_TIMEOUT_S = 1.0
-
-
-def booking_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: BookingStore) -> RecoverableGraph:
-    """How the consumer resumes booking runs: recreate a missing booking record, give up into compensation."""
-
-    async def prepare(record: RunRecord) -> None:
-        # booking-agent writes the run record first: if it died before the booking record, the run input has it all
-        if await bookings.get(record.thread_id) is None and await bookings.create(record.thread_id, record.input):
-            logger.warning(
-                "booking %s had no record (its agent died right after accepting it); recreated", record.thread_id
-            )
-
-    def give_up_update(state: Mapping[str, Any], last_error: str) -> dict[str, Any]:
-        if state.get("error") or state.get("cancelled"):
-            return {}  # already on its way to compensation: run that again as it stands
-        update: dict[str, Any] = {
-            "error": {"code": ErrorCode.PROVIDER_UNAVAILABLE.value, "message": f"recovery gave up: {last_error}"},
-        }
-        if state.get("reservation_id") and not state.get("payment_id"):
-            # the charge step may have run without its checkpoint: refund by reference (a no-op if nothing was taken)
-            update["charge_attempted"] = True
-        return update
-
-    def promised_until(record: RunRecord) -> float:
-        return booking_deadline(record.created_at)  # the run record was written when the booking was accepted
-
-    async def committed(record: RunRecord) -> bool:
-        return await bookings.committed(record.thread_id)
-
-    return RecoverableGraph(
-        graph=graph,
-        give_up_update=give_up_update,
-        prepare=prepare,
-        promised_until=promised_until,
-        is_final=booking_is_final,
-        committed=committed,
-    )
-
-
-def cancellation_recovery(graph: CompiledStateGraph[Any, Any, Any, Any], bookings: BookingStore) -> RecoverableGraph:
-    """How the consumer resumes the cancel of a confirmed booking: the booking made ``cancelling`` first (its agent
-    may have died between the run record and that write), then forward; never steered when given up on."""
-
-    async def prepare(record: RunRecord) -> None:
-        booking_id = str(record.input["booking_id"])
-        await bookings.begin_cancel(booking_id, record.input["refund"], record.thread_id)  # idempotent
-
-    return RecoverableGraph(
-        graph=graph, give_up_update=cancellation_give_up, prepare=prepare, is_final=cancellation_is_final
-    )
-
-
-def concierge_recovery(graph: CompiledStateGraph[Any, Any, Any, Any]) -> RecoverableGraph:
-    """How the consumer resumes chat turns: a turn with no step of its own yet starts from its input (the chat's
-    checkpoint is the previous turn's), a parked one parks again, one given up on ends ``failed``."""
-    return RecoverableGraph(
-        graph=graph, give_up_update=concierge_give_up, starts_over=starts_over, is_final=turn_is_final
-    )
 
 
 class RecoveryWorker:
@@ -321,24 +233,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     redis: Redis = app.state.redis
     instance = instance_name(settings.instance_id or f"{SERVICE}-{uuid.uuid4().hex[:8]}")
     name_instance(instance)  # the journal names the process as its run leases do
+    durable = load_durable_graphs(settings.durable_agents)  # a package that declares none stops the start here
     presence = Presence(instance) if settings.presence_enabled else None
     if presence is not None:
         await presence.start()
-    async with (
-        open_checkpointer() as saver,
-        open_booking_deps(redis) as deps,
-        open_concierge_deps(redis) as concierge_deps,
-    ):
+    async with open_checkpointer() as saver, AsyncExitStack() as opened:
         app.state.checkpointer = saver
+        deps: dict[Callable[..., Any], Any] = {}  # graphs that name the same dependencies share them
+        for declared in durable:
+            if declared.open_deps not in deps:
+                deps[declared.open_deps] = await opened.enter_async_context(declared.open_deps(redis))
         # every version this code runs, current first (which takes runs of the shapes it migrates from)
-        booking = [booking_recovery(build(deps, saver), deps.bookings) for build in BOOKING_BUILDERS]
-        concierge = [concierge_recovery(build(concierge_deps, saver)) for build in CONCIERGE_BUILDERS]
-        cancels = [cancellation_recovery(build(deps, saver), deps.bookings) for build in CANCELLATION_BUILDERS]
-        graphs = {
-            BOOKING_GRAPH: [replace(booking[0], migrations=BOOKING_MIGRATIONS), *booking[1:]],
-            CONCIERGE_GRAPH: [replace(concierge[0], migrations=CONCIERGE_MIGRATIONS), *concierge[1:]],
-            CANCELLATION_GRAPH: [replace(cancels[0], migrations=CANCELLATION_MIGRATIONS), *cancels[1:]],
-        }
+        graphs = {d.name: d.versions(deps[d.open_deps], saver) for d in durable}
         worker = RecoveryWorker.for_graphs(redis, graphs, consumer_id=instance)
         app.state.recovery = worker
         install_queue_metrics()

@@ -75,7 +75,7 @@ MAX_BOOKING_WAIT_S = 90.0
 # No booking final for this long: the stack is wedged; end the phase instead of waiting forever.
 STALL_S = 120.0
 
-# The HTTP requests one booking cannot do without (read from agents/booking.py, graph/booking.py, agents/search.py,
+# The HTTP requests one booking cannot do without (read from agents/booking/app.py, graph/booking.py, agents/search.py,
 # graph/search.py, agents/payment.py, graph/payment.py), each one leg: a caller's request and the callee's answer.
 # Six go from one of our FastAPI services to another (priced as the bare FastAPI→FastAPI hop); two are the
 # client's own (priced as a direct client → FastAPI request). A long-poll that ends before the booking does adds

@@ -302,6 +302,12 @@ class Settings(BaseSettings):
     # failing: it is retried, backing off up to RECOVERY_OUTAGE_MAX_DELAY, for this long before it counts as failed
     recovery_outage_horizon_s: float = Field(6 * 3600.0, validation_alias="RECOVERY_OUTAGE_HORIZON", gt=0)
     recovery_outage_max_delay_s: float = Field(30.0, validation_alias="RECOVERY_OUTAGE_MAX_DELAY", gt=0)
+    durable_agents: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("agents.booking", "agents.concierge"),
+        validation_alias="DURABLE_AGENTS",
+        description="The agent packages whose durable graphs the recovery worker resumes, comma-separated: each "
+        "declares them in its durable module (recovery.registry, docs/new-agent.md).",
+    )
     recovery_concurrency: int = Field(
         50,
         validation_alias="RECOVERY_CONCURRENCY",
@@ -398,6 +404,17 @@ class Settings(BaseSettings):
     def _allowed_hosts(cls, value: object) -> object:
         # ValueError → a settings error naming CONCIERGE_ALLOWED_HOSTS
         return parse_allowed_hosts(value) if isinstance(value, str) else value
+
+    @field_validator("durable_agents", mode="before")
+    @classmethod
+    def _durable_agents(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        packages = tuple(part.strip() for part in value.split(",") if part.strip())
+        for package in packages:
+            if not all(name.isidentifier() for name in package.split(".")):
+                raise ValueError(f"not a package name: {package!r}")
+        return packages
 
     @field_validator("auth_issuer", "auth_jwks_url", "auth_jwks_file", mode="before")
     @classmethod

@@ -4,7 +4,8 @@
     python scripts/graph_versions.py --record   append the current shapes to the list (a decision: docs/upgrades.md)
 
 A shape not in the list is a new version: runs started on the old one wait for a process that runs it, so the old
-builder must be kept (``BOOKING_BUILDERS``) or a migration declared before the new code is deployed.
+builder must be kept (``BOOKING_BUILDERS``) or a migration declared before the new code is deployed. The graphs are
+the ones the recovery worker runs: those the packages of ``DURABLE_AGENTS`` declare (``recovery.registry``).
 """
 
 from __future__ import annotations
@@ -12,28 +13,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graph.booking import BOOKING_BUILDERS, BOOKING_GRAPH
-from graph.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH
-from graph.concierge import CONCIERGE_BUILDERS, CONCIERGE_GRAPH
+from infra.settings import get_settings
+from recovery.registry import load_durable_graphs
 from runs.versions import VERSIONS_FILE, graph_fingerprint, graph_shape
 
-FAMILIES: dict[str, tuple[Callable[..., Any], ...]] = {
-    BOOKING_GRAPH: BOOKING_BUILDERS,
-    CONCIERGE_GRAPH: CONCIERGE_BUILDERS,
-    CANCELLATION_GRAPH: CANCELLATION_BUILDERS,
-}
-"""Graph name → its builders, current first (what the recovery worker runs)."""
+
+def families() -> dict[str, Sequence[Callable[..., Any]]]:
+    """Graph name → its builders, current first: what the recovery worker runs."""
+    return {graph.name: graph.builders for graph in load_durable_graphs(get_settings().durable_agents)}
 
 
 def shapes() -> Iterator[tuple[str, int, str, dict[str, Any]]]:
     """(graph name, builder index, fingerprint, shape) of every builder, built without dependencies."""
-    for name, builders in FAMILIES.items():
+    for name, builders in families().items():
         for index, build in enumerate(builders):
             graph = build(None)  # the deps are bound, never called, when a graph is compiled
             yield name, index, graph_fingerprint(graph), graph_shape(graph)

@@ -45,9 +45,9 @@ SERVICES: Mapping[str, ServiceSpec] = MappingProxyType(
             ServiceSpec("llm-api", "providers.llm_api:app", 8012, "LLM_API_URL"),
             ServiceSpec("search-agent", "agents.search:app", 8001, "SEARCH_AGENT_URL"),
             ServiceSpec("payment-agent", "agents.payment:app", 8002, "PAYMENT_AGENT_URL"),
-            ServiceSpec("booking-agent", "agents.booking:app", 8000, "BOOKING_AGENT_URL"),
+            ServiceSpec("booking-agent", "agents.booking.app:app", 8000, "BOOKING_AGENT_URL"),
             ServiceSpec("recovery-worker", "agents.recovery_worker:app", 8020, "RECOVERY_WORKER_URL"),
-            ServiceSpec("concierge-agent", "agents.concierge:app", 8003, "CONCIERGE_AGENT_URL"),
+            ServiceSpec("concierge-agent", "agents.concierge.app:app", 8003, "CONCIERGE_AGENT_URL"),
             # last: it watches the others (and drives them through the supervisor when ``concierge up`` runs it)
             ServiceSpec("console", "stack.webconsole:app", 8090, "CONSOLE_URL"),
         )

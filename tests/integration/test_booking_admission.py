@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from agents.booking import BookingRequest, BookingService
+from agents.booking.app import BookingRequest, BookingService
 from graph.booking import BookingDeps
 from infra.bookings import BookingStore
 from infra.error_table import answer_for

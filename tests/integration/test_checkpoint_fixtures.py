@@ -19,7 +19,6 @@ from graph.booking import (
     ASKS_FOR_CANCEL,
     BOOKING_BUILDERS,
     BOOKING_GRAPH,
-    BOOKING_MIGRATIONS,
     STEPS,
     BookingDeps,
     BookingState,
@@ -27,12 +26,13 @@ from graph.booking import (
     _then_ask_for_cancel,
 )
 from graph.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH, cancel_thread_id
-from graph.concierge import CONCIERGE_BUILDERS, CONCIERGE_GRAPH, CONCIERGE_MIGRATIONS
 from graph.migrations import unknown_names
 from infra.bookings import BookingStore
 from infra.checkpointer import open_checkpointer
 from infra.clients.providers import HotelApiClient
 from infra.payment_tokens import PaymentTokens
+from infra.settings import Settings
+from recovery.registry import load_durable_graphs
 from resilience import budget_scope, bulkhead_registry, circuit_registry, set_testing
 from runs.runner import run_config
 from runs.versions import graph_fingerprint
@@ -48,6 +48,7 @@ from tests.checkpoints import (
 )
 
 CURRENT = graph_fingerprint(BOOKING_BUILDERS[0](None))  # type: ignore[arg-type]
+DURABLE = {graph.name: graph for graph in load_durable_graphs(Settings().durable_agents)}
 RECORDED = "ce82de42196f23b8"
 """The booking shape the renamed-step example migrates from: its fixture stays when the shape moves on."""
 
@@ -133,8 +134,7 @@ def test_the_current_shape_of_each_durable_graph_has_a_recorded_checkpoint(name:
 
 
 def version_list_current(name: str) -> str:
-    builders = {BOOKING_GRAPH: BOOKING_BUILDERS, CANCELLATION_GRAPH: CANCELLATION_BUILDERS}[name]
-    return graph_fingerprint(builders[0](None))  # type: ignore[operator]
+    return graph_fingerprint(DURABLE[name].builders[0](None))
 
 
 @pytest.mark.parametrize("name", sorted(RECORDERS))
@@ -202,12 +202,11 @@ async def test_a_renamed_step_migrates_a_recorded_booking_and_it_books_once(worl
 
 
 DECLARED = [
-    pytest.param(BOOKING_GRAPH, BOOKING_BUILDERS, migration, id=f"booking@{migration.from_version}")
-    for migration in BOOKING_MIGRATIONS
-] + [
-    pytest.param(CONCIERGE_GRAPH, CONCIERGE_BUILDERS, migration, id=f"concierge@{migration.from_version}")
-    for migration in CONCIERGE_MIGRATIONS
+    pytest.param(graph.name, graph.builders, migration, id=f"{graph.name}@{migration.from_version}")
+    for graph in DURABLE.values()
+    for migration in graph.migrations
 ]
+"""Every migration of every graph the recovery worker runs (the registry: ``DURABLE_AGENTS``)."""
 
 
 @pytest.mark.parametrize(("name", "builders", "migration"), DECLARED)

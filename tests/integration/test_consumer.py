@@ -11,14 +11,15 @@ import itertools
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from types import SimpleNamespace
+from typing import Any, TypedDict, cast
 
 import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
 
-from agents.recovery_worker import booking_recovery
-from graph.booking import booking_input
+from agents.booking.durable import booking_recovery
+from graph.booking import BookingDeps, booking_input
 from infra.a2a import A2ASkillError
 from infra.bookings import BookingStore
 from infra.checkpointer import open_checkpointer
@@ -449,7 +450,7 @@ async def test_missing_booking_record_is_recreated_from_the_run_input(harness: H
     }
     run_input = dict(booking_input("booking-1", request))
     await harness.orphan("booking-1", input=run_input)  # booking-agent died before writing the booking record
-    prepare = booking_recovery(harness.graph, bookings).prepare
+    prepare = booking_recovery(harness.graph, cast(BookingDeps, SimpleNamespace(bookings=bookings))).prepare
     assert await bookings.get("booking-1") is None
 
     assert await harness.process_next(harness.consumer(prepare=prepare)) is RecoveryOutcome.RECOVERED

@@ -20,7 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agents import booking, recovery_worker
+from agents import recovery_worker
+from agents.booking import app as booking
 from infra.people import LOCAL_ISSUER, LocalIssuer
 from infra.settings import Settings
 from stack.cli import GRACEFUL_SHUTDOWN_S
