@@ -161,6 +161,19 @@ class Settings(BaseSettings):
         ge=1,
         description="Model tokens a person's chats may spend a day.",
     )
+    # the web console's login (stack/webconsole, docs/console.md): the one-time link, and the session it opens
+    console_login_ttl_s: float = Field(
+        3600.0,
+        validation_alias="CONSOLE_LOGIN_TTL_S",
+        gt=0,
+        description="How long a one-time console login link (`concierge up`, `concierge console-url`) can be opened.",
+    )
+    console_session_ttl_s: float = Field(
+        43_200.0,
+        validation_alias="CONSOLE_SESSION_TTL_S",
+        gt=0,
+        description="How long a console session (its cookie) lasts; a person's ends with their token at the latest.",
+    )
     search_agent_url: str = Field("http://127.0.0.1:8001", validation_alias="SEARCH_AGENT_URL")
     booking_agent_url: str = Field("http://127.0.0.1:8000", validation_alias="BOOKING_AGENT_URL")
     payment_agent_url: str = Field("http://127.0.0.1:8002", validation_alias="PAYMENT_AGENT_URL")

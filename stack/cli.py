@@ -123,6 +123,7 @@ _COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "bookings": ("stack.bookings", "register_bookings"),
     "token": ("stack.people", "register_token"),
     "issuer": ("stack.people", "register_issuer"),
+    "console-url": ("stack.people", "register_console_url"),
     "kill": ("stack.ops", "register_kill"),
     "stop": ("stack.ops", "register_stop"),
     "start": ("stack.ops", "register_start"),

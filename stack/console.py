@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from infra.settings import get_settings
 from stack.errors import StackError, UsageError
+from stack.login import login_url
 from stack.services import UnknownServiceError
 from stack.state import StackPaths, StackState
 
@@ -105,8 +106,9 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def render_stack(state: StackState) -> str:
-    """The table ``up`` prints once everything is ready: services, URLs, pids, and where things live."""
+def render_stack(state: StackState, service_secret: str | None = None) -> str:
+    """The table ``up`` prints once everything is ready: services, URLs, pids, and where things live; with the
+    stack's ``service_secret``, the console's one-time login link too."""
     rows = [(i.name, i.url, i.pid, i.status) for i in state.instances]
     redis = f"{state.redis.url} (" + (
         f"started by concierge, pid {state.redis.pid})" if state.redis.own else "external)"
@@ -117,6 +119,12 @@ def render_stack(state: StackState) -> str:
         *(
             f"front        {service} {url} (each connection to a replica that is up)"
             for service, url in state.fronts.items()
+        ),
+        *(
+            f"console      {login_url(i.url, service_secret, get_settings().console_login_ttl_s)} "
+            "(one-time login; `concierge console-url` prints another)"
+            for i in state.instances
+            if i.service == "console" and service_secret
         ),
         f"redis        {redis}",
         f"checkpoints  {state.checkpointer}",

@@ -7,6 +7,7 @@ so the README's commands stay short. ``$CONCIERGE_TOKEN`` (a token from a real O
 
     concierge token [--user NAME] [--ttl S]   print a person's token (for curl: -H "Authorization: Bearer ...")
     concierge issuer [--dir D]                 make (or keep) a local issuer; print the services' settings for it
+    concierge console-url [--ttl S]            print a one-time login link to the web console (the operator's)
 """
 
 from __future__ import annotations
@@ -15,20 +16,27 @@ import argparse
 import os
 from pathlib import Path
 
+from infra.auth import MissingSecretError, service_secret
 from infra.people import LOCAL_ISSUER, LocalIssuer
 from infra.settings import get_settings
-from stack.console import EXIT_OK, Subparsers, one_line_errors
+from stack.console import EXIT_OK, Subparsers, one_line_errors, stack_paths
+from stack.control import supervisor_running
 from stack.errors import StackError, UsageError
+from stack.login import login_url
+from stack.services import SERVICES
+from stack.state import read_secrets, read_state
 
 __all__ = [
     "DEFAULT_USER",
     "TOKEN_TTL_S",
     "add_user_option",
+    "console_login_url",
     "default_user",
     "issuer_dir",
     "local_issuer",
     "person_headers",
     "person_token",
+    "register_console_url",
     "register_issuer",
     "register_token",
 ]
@@ -128,4 +136,46 @@ def _issuer(args: argparse.Namespace) -> int:
     assert issuer is not None
     print(f"CONCIERGE_AUTH_ISSUER={issuer.issuer}")
     print(f"CONCIERGE_AUTH_JWKS_FILE={issuer.jwks_path.resolve()}")
+    return EXIT_OK
+
+
+def console_login_url(ttl_s: float | None = None) -> str:
+    """A one-time login link to the console: the running stack's (its secrets, the console's address), else one
+    signed with ``CONCIERGE_SERVICE_SECRET`` for ``CONSOLE_URL`` (a compose stack started with that secret)."""
+    ttl = ttl_s if ttl_s is not None else get_settings().console_login_ttl_s
+    paths = stack_paths()
+    state = read_state(paths) if supervisor_running(paths) else None
+    stack_secrets = read_secrets(paths) if state is not None else None
+    if state is not None and stack_secrets is not None:
+        url = next((i.url for i in state.instances if i.service == "console"), None)
+        if url is None:
+            raise StackError("the running stack has no console")
+        return login_url(url, stack_secrets.service_secret, ttl)
+    try:
+        secret = service_secret()
+    except MissingSecretError as exc:
+        raise StackError(f"no stack runs here and {exc}: set the console's stack's secret") from None
+    configured = os.environ.get("CONSOLE_URL") or f"http://127.0.0.1:{SERVICES['console'].port}"
+    return login_url(configured, secret, ttl)
+
+
+def register_console_url(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("console-url", help="print a one-time login link to the web console")
+    parser.add_argument(
+        "--ttl", default=None, metavar="S", help="seconds it can be opened (default CONSOLE_LOGIN_TTL_S)"
+    )
+    parser.set_defaults(handler=_console_url)
+
+
+@one_line_errors("console-url")
+def _console_url(args: argparse.Namespace) -> int:
+    ttl = None
+    if args.ttl is not None:
+        try:
+            ttl = float(args.ttl)
+        except ValueError:
+            raise UsageError(f"--ttl must be a number of seconds, got {args.ttl!r}") from None
+        if not 1 <= ttl <= 86_400:
+            raise UsageError(f"--ttl must be between 1 and 86400 seconds, got {args.ttl}")
+    print(console_login_url(ttl))
     return EXIT_OK

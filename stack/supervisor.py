@@ -405,7 +405,7 @@ class Supervisor:
         self._changed()
         if self._streamer is not None:
             self._streamer.pump()  # the services' start-up lines above the table, not under it
-            self._out.write(render_stack(self.snapshot()) + "\n")
+            self._out.write(render_stack(self.snapshot(), self.config.secrets.service_secret) + "\n")
         self._say(f"all services ready in {self._ready_after:.1f}s")
         await self._stop_requested.wait()
         await self._shutdown("stopped")

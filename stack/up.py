@@ -43,7 +43,7 @@ from stack.layout import Front, Instance, parse_assignments, plan_fronts, plan_i
 from stack.logstream import last_line
 from stack.people import local_issuer
 from stack.redis_server import plan_redis, redact
-from stack.state import StackPaths, StackSecrets, is_stack_process, pid_alive, read_state
+from stack.state import StackPaths, StackSecrets, is_stack_process, pid_alive, read_secrets, read_state
 from stack.supervisor import DEFAULT_GRACE_S, DEFAULT_READY_TIMEOUT_S, Supervisor, SupervisorConfig
 
 __all__ = ["READY_PHRASE", "concierge_command", "register_up"]
@@ -254,7 +254,8 @@ def _detach(args: argparse.Namespace, paths: StackPaths) -> int:
             state = read_state(paths)
             if state is not None and state.supervisor_pid == daemon:
                 if state.phase == "ready":
-                    print(render_stack(state))
+                    stack_secrets = read_secrets(paths)
+                    print(render_stack(state, stack_secrets.service_secret if stack_secrets else None))
                     print(
                         f"{READY_PHRASE} in {state.ready_after_s or 0:.1f}s (supervisor pid {daemon}; `concierge down` stops it)"
                     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import secrets
@@ -32,6 +33,7 @@ import psycopg
 
 from domain.booking import FINAL_BOOKING_STATUSES
 from infra.auth import mint_service_token
+from stack.login import login_url
 from tests.procs import Processes, ServiceProcess, concierge_command, free_port
 
 CORE = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent")
@@ -231,8 +233,24 @@ class Stack:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    # --- the web console's operator: a session opened by a one-time login link -----------------------------
+    def console_login_url(self, ttl_s: float = 600) -> str:
+        """A one-time login link to this stack's console (what ``concierge console-url`` prints for it)."""
+        return login_url(self.url("console"), self.secret, ttl_s)
+
+    @functools.cached_property
+    def console(self) -> httpx.Client:
+        """A client of the console logged in as the operator by a one-time link (its session cookie), sending the
+        page's ``X-Concierge-Console: 1``, as the page does."""
+        client = httpx.Client(timeout=30, headers={"X-Concierge-Console": "1"})
+        opened = client.get(self.console_login_url())
+        assert opened.status_code == 303 and "concierge_console" in client.cookies, opened.text
+        return client
+
     def close(self) -> None:
         self.http.close()
+        if "console" in self.__dict__:
+            self.console.close()
         self.procs.close()
 
     def __enter__(self) -> Self:

@@ -5,6 +5,9 @@ The browser only ever talks to the console (one origin, no CORS): the console re
 Redis, and relays to booking-agent and the providers. While no booking-agent answers (killed, restarting), the
 bookings list and a booking's timeline are read from Redis directly, so the page keeps telling the story of the
 recovery that happens meanwhile. The admin token stays here; no route sends it to the page.
+Every /api route needs a login (``stack.webconsole.sessions``): the operator's (a one-time link, the admin token)
+relays with the admin token and is journaled; a person's relays with their own token, so the agents' 404s and
+quotas are theirs, and the operator's routes answer 403.
 Mutating routes take JSON only and refuse other origins, so a web page elsewhere cannot drive the stack through a
 browser that has the console open; the origin they compare with is the request's ``Host``, which the shell's host
 check has already made one of the console's own names (``docs/service-shell.md``).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import logging
 import time
@@ -26,28 +30,38 @@ from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
 import httpx
-from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from domain.booking import MAX_NIGHTS, check_checkin
-from infra.auth import admin_token
+from infra.auth import admin_token, service_secret
 from infra.bookings import BookingStore
 from infra.clients import ProviderUnavailableError
+from infra.error_table import answer_for, answer_response
 from infra.journal import read_journal
+from infra.people import PersonAuthError
 from infra.service import STREAM_ID_PATTERN, create_service_app, error_body, get_redis
 from infra.settings import Settings, get_settings
 from recovery import DeadLetterQueue, RecoveryQueue
 from stack.console import stack_paths
 from stack.control import call, supervisor_running
 from stack.errors import ConsoleForbiddenError, ConsoleRefusedError, StackError
+from stack.login import LOGIN_PARAM, LoginTicketError
 from stack.people import default_user, local_issuer
 from stack.services import SERVICES
 from stack.state import StackPaths, read_state
 from stack.webconsole.chaos import ChaosRunner, add_chaos_routes
 from stack.webconsole.demo import DemoRunner
+from stack.webconsole.sessions import (
+    SESSION_COOKIE,
+    ConsoleGate,
+    ConsoleUser,
+    read_operator_journal,
+    record_operator_action,
+)
 
 __all__ = ["FINAL_KINDS", "OVERVIEW_INTERVAL_S", "create_app"]
 
@@ -77,9 +91,43 @@ PAYMENT_TOKEN_PATTERN = r"^tok_[A-Za-z0-9_]+$"
 CHATS_SHOWN = 25
 MAX_CHAT_WAIT_S = 30.0
 """A journal entry id as booking-agent takes it in ``Last-Event-ID`` (``<ms>-<seq>``, or ``<ms>`` alone)."""
+_OPEN_API = frozenset({"/api/login"})
+"""The one /api route that answers without a login: logging in with a pasted token."""
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+# ----------------------------------------------------------------------------------------------------- who
+
+
+def _user(request: Request) -> ConsoleUser:
+    user: ConsoleUser = request.state.user  # the middleware's: every /api route but the login has one
+    return user
+
+
+def _operator(request: Request) -> ConsoleUser:
+    user = _user(request)
+    if not user.operator:
+        raise ConsoleForbiddenError(
+            "the operator's only: log in with the link `concierge console-url` prints, or the admin token"
+        )
+    return user
+
+
+User = Annotated[ConsoleUser, Depends(_user)]
+"""Who is logged in: a person (their bookings and chats) or the operator."""
+Operator = Annotated[ConsoleUser, Depends(_operator)]
+"""The operator, else 403 ``forbidden``: faults, kill/stop/start, chaos, the demo, the operator journal."""
 
 
 # ----------------------------------------------------------------------------------------------------- inputs
+
+
+class LoginForm(BaseModel):
+    """The login page's pasted token: a person's JWT or the admin token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = Field(min_length=1, max_length=8192)
 
 
 class BookForm(BaseModel):
@@ -237,6 +285,21 @@ class Watcher:
                 self._built_at = time.monotonic()
             return self._latest
 
+    async def overview_for(self, redis: Any, user: ConsoleUser) -> dict[str, Any]:
+        """The operator's overview; a person's has the stack's health and their own bookings only (faults, the
+        recovery queue and the DLQ are the operator's)."""
+        shared = await self.overview(redis)
+        if user.operator:
+            return shared
+        mine = await self._bookings(redis, await self.booking_agents(), user)
+        hidden: dict[str, Any] = {
+            "faults": dict.fromkeys(PROVIDERS),
+            "queue": None,
+            "dlq": [],
+            "queue_error": "the operator's",
+        }
+        return {**shared, **hidden, **mine}
+
     async def _build(self, redis: Any) -> dict[str, Any]:
         supervised, targets = await self.targets()
         probes = await asyncio.gather(*(self._probe(t) for t in targets))
@@ -334,11 +397,15 @@ class Watcher:
         ]
         return {"queue": stats, "dlq": dead[:BOOKINGS_SHOWN], "queue_error": None}
 
-    async def _bookings(self, redis: Any, urls: list[str]) -> dict[str, Any]:
+    async def _bookings(self, redis: Any, urls: list[str], user: ConsoleUser | None = None) -> dict[str, Any]:
+        """Everyone's (the admin token), or ``user``'s own (their token; from Redis, their index)."""
         last = "no booking-agent"
+        headers = user.relay() if user is not None else None
         for url in urls:
             try:
-                status, body = await self._get_json(f"{url}/bookings", params={"limit": BOOKINGS_SHOWN})
+                status, body = await self._get_json(
+                    f"{url}/bookings", params={"limit": BOOKINGS_SHOWN}, headers=headers
+                )
             except httpx.HTTPError as exc:
                 last = f"booking-agent unreachable ({type(exc).__name__})"
                 continue
@@ -347,7 +414,13 @@ class Watcher:
             last = f"booking-agent answered HTTP {status}"
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
-                found, _ = await BookingStore(redis).page(status=None, limit=BOOKINGS_SHOWN, cursor=None)
+                found, _ = await BookingStore(redis).page(
+                    status=None,
+                    limit=BOOKINGS_SHOWN,
+                    cursor=None,
+                    owner=None if user is None else user.who,
+                    everyone=user is None or user.operator,
+                )
         except Exception as exc:  # Redis down too: say both
             return {"bookings": None, "bookings_error": f"{last}; Redis: {type(exc).__name__}"}
         return {"bookings": found, "bookings_error": f"{last}: read from Redis"}
@@ -413,14 +486,23 @@ class _UnknownStream(Exception):
     """The replica answered 404: there is no such journal to follow."""
 
 
+class _Refused(Exception):
+    """The replica refused the stream with a 429 (the person's ``PERSON_MAX_STREAMS``): relayed as it is."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
 async def _replica_entries(
-    http: httpx.AsyncClient, urls: list[str], path: str, last_id: str | None
+    http: httpx.AsyncClient, urls: list[str], path: str, last_id: str | None, auth: dict[str, str]
 ) -> AsyncGenerator[tuple[str | None, str], None]:
     """One pass over the replicas: the entries ``(id, data)`` of the SSE at ``path`` after ``last_id``, moving on
-    from ``Last-Event-ID`` to the next replica when one goes away mid-stream (killed, restarting); a 404 raises
-    ``_UnknownStream``. Returns once no replica serves the stream any more."""
+    from ``Last-Event-ID`` to the next replica when one goes away mid-stream (killed, restarting); first
+    ``(None, "")`` once a replica has answered 200. A 404 raises ``_UnknownStream``, a 429 ``_Refused``. Returns once
+    no replica serves the stream any more. ``auth``: a person's own ``Authorization`` (empty: the operator's)."""
     for url in urls:
-        headers = {"Accept": "text/event-stream"}
+        headers = {"Accept": "text/event-stream", **auth}
         if last_id is not None:
             headers["Last-Event-ID"] = last_id
         try:
@@ -429,8 +511,12 @@ async def _replica_entries(
             ) as response:
                 if response.status_code == 404:
                     raise _UnknownStream(path)
+                if response.status_code == 429:
+                    await response.aread()
+                    raise _Refused(_relayed(response))
                 if response.status_code != 200:
                     continue
+                yield None, ""
                 lines: list[str] = []
                 async for line in response.aiter_lines():
                     if line:
@@ -451,25 +537,43 @@ async def follow_timeline(
     agents: Callable[[], Awaitable[list[str]]],
     booking_id: str,
     last_id: str | None,
-) -> AsyncIterator[ServerSentEvent]:
+    user: ConsoleUser,
+) -> AsyncGenerator[ServerSentEvent, None]:
     """A booking's journal from booking-agent's SSE, as one unbroken stream for the page: when booking-agent goes
     away mid-stream, reconnect with ``Last-Event-ID``, and meanwhile read what the others write (the recovery
-    worker's resume...) from the journal in Redis, until the final entry."""
+    worker's resume...) from the journal in Redis, until the final entry. A person reads only their own booking's
+    (booking-agent's 404 for another's; in Redis, its owner checked)."""
     end = ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="end")
+    unknown = ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="unknown")
+    owner_checked = user.operator
     while True:
-        entries = _replica_entries(http, await agents(), f"/bookings/{booking_id}/events", last_id)
+        entries = _replica_entries(http, await agents(), f"/bookings/{booking_id}/events", last_id, user.relay())
         try:
             async with contextlib.aclosing(entries):
                 async for event_id, data in entries:
+                    if not data:
+                        yield ServerSentEvent(comment="following")
+                        continue
                     last_id = event_id or last_id
                     yield ServerSentEvent(data=data, id=event_id)
                     if _is_final(data):
                         yield end
                         return
         except _UnknownStream:
-            yield ServerSentEvent(data=json.dumps({"booking_id": booking_id}), event="unknown")
+            yield unknown
             return
-        # no booking-agent answers: what was written meanwhile, straight from the journal
+        # no booking-agent answers: what was written meanwhile, straight from the journal (a person's own only)
+        if not owner_checked:
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
+                    _, owner = await BookingStore(redis).owner(booking_id)
+            except Exception:  # Redis down too: keep trying booking-agent
+                owner = None
+            else:
+                if owner != user.who:
+                    yield unknown
+                    return
+                owner_checked = True
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S * 2):
                 journal = await read_journal(redis, booking_id, after=last_id, count=100)
@@ -488,16 +592,23 @@ async def follow_timeline(
 
 
 async def follow_chat(
-    http: httpx.AsyncClient, agents: Callable[[], Awaitable[list[str]]], chat_id: str, last_id: str | None
-) -> AsyncIterator[ServerSentEvent]:
+    http: httpx.AsyncClient,
+    agents: Callable[[], Awaitable[list[str]]],
+    chat_id: str,
+    last_id: str | None,
+    user: ConsoleUser,
+) -> AsyncGenerator[ServerSentEvent, None]:
     """A chat's journal from concierge-agent's SSE as one unbroken stream for the page, for as long as the page
     reads: a replica that goes away mid-turn is replaced by the next one from ``Last-Event-ID``, so the page sees
     the peer's resume without a gap or a repeat."""
     while True:
-        entries = _replica_entries(http, await agents(), f"/chats/{chat_id}/events", last_id)
+        entries = _replica_entries(http, await agents(), f"/chats/{chat_id}/events", last_id, user.relay())
         try:
             async with contextlib.aclosing(entries):
                 async for event_id, data in entries:
+                    if not data:
+                        yield ServerSentEvent(comment="following")
+                        continue
                     last_id = event_id or last_id
                     yield ServerSentEvent(data=data, id=event_id)
         except _UnknownStream:
@@ -505,6 +616,31 @@ async def follow_chat(
             return
         yield ServerSentEvent(comment="no concierge-agent answers; trying again")
         await asyncio.sleep(RECONNECT_DELAY_S)
+
+
+async def _stream_unless_refused(events: AsyncGenerator[ServerSentEvent, None]) -> Response:
+    """The relayed stream, or the replica's 429 as the answer itself (before any 200: the page sees the person's
+    stream cap as it would at booking-agent); a refusal on a later reconnect ends the stream with ``refused``."""
+    try:
+        first = await anext(events)
+    except _Refused as exc:
+        await events.aclose()
+        return exc.response
+    except StopAsyncIteration:
+        first = None
+
+    async def relayed() -> AsyncIterator[ServerSentEvent]:
+        if first is None:
+            return
+        yield first
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event
+        except _Refused as exc:
+            yield ServerSentEvent(data=bytes(exc.response.body).decode(), event="refused")
+
+    return EventSourceResponse(relayed(), ping=KEEPALIVE_S, send_timeout=10)
 
 
 def _is_final(data: str) -> bool:
@@ -521,10 +657,12 @@ def _is_final(data: str) -> bool:
 def create_app(paths: StackPaths | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # the operator's page: it reads with the admin token, so it sees every person's bookings and chats; what it
-        # books and says, it does as the local user (`me`, or $CONCIERGE_USER) when the machine has its issuer
+        # the console relays with the admin token for the operator, and with a person's own token for them; what the
+        # operator books and says, it does as the local user (`me`, or $CONCIERGE_USER) when the machine has its issuer
+        settings = get_settings()
         app.state.issuer = local_issuer()
         token = admin_token()
+        app.state.gate = ConsoleGate.from_settings(settings, service_secret(settings), token)
         operator = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(timeout=RELAY_TIMEOUT_S, headers=operator) as http:
             app.state.watcher = Watcher(http, paths or stack_paths())
@@ -541,34 +679,132 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
     app = create_service_app(
         "console",
         lifespan=lifespan,
-        description="The concierge web console: the stack live, and buttons to drive it.",
+        description="The concierge web console: the stack live, and buttons to drive it. Every /api route needs a "
+        "login: the session cookie of a one-time link (`concierge console-url`) or a pasted token, or a bearer.",
     )
 
+    def gate_of(request: Request) -> ConsoleGate:
+        gate: ConsoleGate = request.app.state.gate
+        return gate
+
     @app.middleware("http")
-    async def same_origin_only(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def logged_in_and_same_origin(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        path = request.url.path
+        if not path.startswith("/api/"):
+            return await call_next(request)
+        user: ConsoleUser | None = None
+        if path not in _OPEN_API:
+            try:
+                user = await gate_of(request).user(
+                    await get_redis(request), request.headers.get("authorization"), request.cookies.get(SESSION_COOKIE)
+                )
+            except Exception as exc:  # no login (401), a token refused (401), Redis down (503): nothing done
+                return _answer(exc)
+            request.state.user = user
         if request.method not in _SAFE_METHODS:
             origin = request.headers.get("origin")
             own = f"{request.url.scheme}://{request.headers.get('host', '')}"
             if request.headers.get(CONSOLE_HEADER) != "1" or (origin is not None and origin != own):
                 return _error(403, "forbidden", f"{CONSOLE_HEADER}: the console's buttons are for its own page only")
-        return await call_next(request)
+        response = await call_next(request)
+        if user is not None and user.operator and request.method not in _SAFE_METHODS:
+            route = request.scope.get("route")
+            params = {k: v for k, v in (request.scope.get("path_params") or {}).items() if isinstance(v, str)}
+            await record_operator_action(
+                await get_redis(request),
+                user,
+                getattr(route, "name", None) or path,
+                method=request.method,
+                path=path,
+                status=response.status_code,
+                **params,
+            )
+        return response
 
     def watcher_of(request: Request) -> Watcher:
         watcher: Watcher = request.app.state.watcher
         return watcher
 
-    @app.get("/", include_in_schema=False)
-    async def page() -> FileResponse:
-        return FileResponse(STATIC / "index.html", media_type="text/html")
+    def login_page(why: str | None, status_code: int = 200) -> HTMLResponse:
+        text = (STATIC / "login.html").read_text(encoding="utf-8")
+        if why:
+            text = text.replace("<!--why-->", html.escape(why))
+        return HTMLResponse(text, status_code=status_code, headers=_NO_STORE)
+
+    @app.get("/", include_in_schema=False, response_model=None)
+    async def page(
+        request: Request, login: Annotated[str | None, Query(alias=LOGIN_PARAM, max_length=200)] = None
+    ) -> Response:
+        """The console for whoever is logged in, else the login page; ``?login=`` opens a session (once) and
+        comes back here without it in the address."""
+        gate, redis = gate_of(request), await get_redis(request)
+        if login is not None:
+            try:
+                cookie, ttl = await gate.open_login(redis, login)
+            except LoginTicketError as exc:
+                return login_page(f"{exc}. Run `concierge console-url` for a new link, or paste a token.", 401)
+            user = await gate.user(redis, None, cookie)
+            await record_operator_action(redis, user, "login", method="GET", path="/", status=303)
+            redirect = RedirectResponse("/", status_code=303, headers=_NO_STORE)
+            _set_session(redirect, request, cookie, ttl)
+            return redirect
+        try:
+            await gate.user(redis, request.headers.get("authorization"), request.cookies.get(SESSION_COOKIE))
+        except PersonAuthError:
+            return login_page(None)
+        return FileResponse(STATIC / "index.html", media_type="text/html", headers=_NO_STORE)
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
+    # ------------------------------------------------------------------- who is logged in
+
+    @app.post("/api/login", tags=["console"])
+    async def log_in(request: Request, form: LoginForm) -> Response:
+        """A session for a pasted token: a person's (their bookings and chats) or the admin token (the operator)."""
+        gate, redis = gate_of(request), await get_redis(request)
+        user = await gate.bearer(f"Bearer {form.token}")
+        cookie = await gate.open_session(redis, user)
+        session = await gate.user(redis, None, cookie)
+        if user.operator:
+            await record_operator_action(redis, session, "login", method="POST", path="/api/login", status=200)
+        answer = JSONResponse(user.public(), headers=_NO_STORE)
+        _set_session(answer, request, cookie, gate.session_ttl_s)
+        return answer
+
+    @app.post("/api/logout", tags=["console"])
+    async def log_out(request: Request) -> Response:
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:
+            await gate_of(request).close_session(await get_redis(request), cookie)
+        answer = JSONResponse({"logged_out": True})
+        answer.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        return answer
+
+    @app.get("/api/session", tags=["console"])
+    async def session(user: User) -> dict[str, Any]:
+        """Who the page is for: the person's name, or the operator."""
+        return user.public()
+
+    @app.get("/api/operator-journal", tags=["console"])
+    async def operator_journal(
+        request: Request,
+        _: Operator,
+        after: Annotated[str | None, Query(pattern=STREAM_ID_PATTERN)] = None,
+        count: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict[str, Any]:
+        """Every operator action (who, how logged in, what, the answer), oldest first after ``after``."""
+        return {"entries": await read_operator_journal(await get_redis(request), after=after, count=count)}
+
+    # ------------------------------------------------------------------- the overview and the bookings
+
     @app.get("/api/overview", tags=["console"])
-    async def overview(request: Request) -> dict[str, Any]:
-        return await watcher_of(request).overview(await get_redis(request))
+    async def overview(request: Request, user: User) -> dict[str, Any]:
+        return await watcher_of(request).overview_for(await get_redis(request), user)
 
     @app.get("/api/stream", tags=["console"], response_class=EventSourceResponse)
-    async def stream(request: Request) -> EventSourceResponse:
+    async def stream(request: Request, user: User) -> EventSourceResponse:
         watcher = watcher_of(request)
         redis = await get_redis(request)
 
@@ -577,7 +813,7 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         async def events() -> AsyncIterator[ServerSentEvent]:
             # ends the moment the console is told to stop: the page reconnects to the restarted one
             while not stopping.is_set():
-                yield ServerSentEvent(data=json.dumps(await watcher.overview(redis)), event="overview")
+                yield ServerSentEvent(data=json.dumps(await watcher.overview_for(redis, user)), event="overview")
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(OVERVIEW_INTERVAL_S):
                         await stopping.wait()
@@ -588,31 +824,35 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
     @app.get("/api/bookings/{booking_id}/events", tags=["console"], response_class=EventSourceResponse)
     async def timeline(
         request: Request,
+        user: User,
         booking_id: BookingId,
         last_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
-    ) -> EventSourceResponse:
+    ) -> Response:
         watcher = watcher_of(request)
         redis = await get_redis(request)
-        return EventSourceResponse(
-            follow_timeline(watcher.http, redis, watcher.booking_agents, booking_id, last_id),
-            ping=KEEPALIVE_S,
-            send_timeout=10,
+        return await _stream_unless_refused(
+            follow_timeline(watcher.http, redis, watcher.booking_agents, booking_id, last_id, user)
         )
 
+    def acting(request: Request, user: ConsoleUser, headers: dict[str, str] | None = None) -> dict[str, str]:
+        """A person acts with their own token; the operator books and converses as the local user."""
+        return user.relay(headers) if not user.operator else as_person(request, headers)
+
     @app.post("/api/bookings", tags=["console"])
-    async def book(request: Request, form: BookForm) -> Response:
+    async def book(request: Request, user: User, form: BookForm) -> Response:
         body = form.body()
         key = f"console-{uuid.uuid4().hex}"  # the same key on every replica tried: one booking however it goes
+        headers = acting(request, user, {"Idempotency-Key": key})
 
         async def send(http: httpx.AsyncClient, url: str) -> httpx.Response:
-            return await http.post(f"{url}/bookings", json=body, headers=as_person(request, {"Idempotency-Key": key}))
+            return await http.post(f"{url}/bookings", json=body, headers=headers)
 
         return await _to_booking_agent(watcher_of(request), send)
 
     @app.post("/api/bookings/{booking_id}/cancel", tags=["console"])
-    async def cancel(request: Request, booking_id: BookingId) -> Response:
+    async def cancel(request: Request, user: User, booking_id: BookingId) -> Response:
         async def send(http: httpx.AsyncClient, url: str) -> httpx.Response:
-            return await http.post(f"{url}/bookings/{booking_id}/cancel")
+            return await http.post(f"{url}/bookings/{booking_id}/cancel", headers=user.relay())
 
         return await _to_booking_agent(watcher_of(request), send)
 
@@ -632,24 +872,26 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         return await _to_replicas(watcher_of(request), "concierge-agent", send)
 
     @app.get("/api/chats", tags=["console"])
-    async def chats(request: Request) -> Response:
-        return await to_concierge(request, "GET", "/chats", params={"limit": CHATS_SHOWN})
+    async def chats(request: Request, user: User) -> Response:
+        return await to_concierge(request, "GET", "/chats", params={"limit": CHATS_SHOWN}, headers=user.relay())
 
     @app.post("/api/chats", tags=["console"])
-    async def new_chat(request: Request) -> Response:
-        headers = as_person(request, {"Idempotency-Key": f"console-{uuid.uuid4().hex}"})
+    async def new_chat(request: Request, user: User) -> Response:
+        headers = acting(request, user, {"Idempotency-Key": f"console-{uuid.uuid4().hex}"})
         return await to_concierge(request, "POST", "/chats", headers=headers)
 
     @app.get("/api/chats/{chat_id}", tags=["console"])
     async def chat(
-        request: Request, chat_id: ChatId, wait: Annotated[float, Query(ge=0, le=MAX_CHAT_WAIT_S)] = 0.0
+        request: Request, user: User, chat_id: ChatId, wait: Annotated[float, Query(ge=0, le=MAX_CHAT_WAIT_S)] = 0.0
     ) -> Response:
         """The chat; with ``wait``, once its turn is not ``running`` (the panel enables an approval's buttons then)."""
         params = {"wait": wait} if wait else None
-        return await to_concierge(request, "GET", f"/chats/{chat_id}", params=params, timeout=RELAY_TIMEOUT_S + wait)
+        return await to_concierge(
+            request, "GET", f"/chats/{chat_id}", params=params, timeout=RELAY_TIMEOUT_S + wait, headers=user.relay()
+        )
 
     @app.post("/api/chats/{chat_id}/messages", tags=["console"])
-    async def say(request: Request, chat_id: ChatId, form: ChatMessageForm) -> Response:
+    async def say(request: Request, user: User, chat_id: ChatId, form: ChatMessageForm) -> Response:
         # one key for every replica tried: a POST whose answer was lost is the same turn, not a second one
         key = f"console-{uuid.uuid4().hex}"
         body = form.model_dump(exclude_none=True)
@@ -658,36 +900,39 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
             "POST",
             f"/chats/{chat_id}/messages",
             json=body,
-            headers=as_person(request, {"Idempotency-Key": key}),
+            headers=acting(request, user, {"Idempotency-Key": key}),
         )
 
     @app.post("/api/chats/{chat_id}/approvals/{approval_id}", tags=["console"])
-    async def decide(request: Request, chat_id: ChatId, approval_id: ApprovalId, form: ApprovalForm) -> Response:
+    async def decide(
+        request: Request, user: User, chat_id: ChatId, approval_id: ApprovalId, form: ApprovalForm
+    ) -> Response:
         body = form.model_dump(exclude_none=True)
         path = f"/chats/{chat_id}/approvals/{approval_id}"
-        return await to_concierge(request, "POST", path, json=body, headers=as_person(request))
+        return await to_concierge(request, "POST", path, json=body, headers=acting(request, user))
 
     @app.get("/api/chats/{chat_id}/events", tags=["console"], response_class=EventSourceResponse)
     async def chat_events(
         request: Request,
+        user: User,
         chat_id: ChatId,
         last_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=STREAM_ID_PATTERN)] = None,
-    ) -> EventSourceResponse:
+    ) -> Response:
         watcher = watcher_of(request)
-        return EventSourceResponse(
-            follow_chat(watcher.http, watcher.concierge_agents, chat_id, last_id), ping=KEEPALIVE_S, send_timeout=10
-        )
+        return await _stream_unless_refused(follow_chat(watcher.http, watcher.concierge_agents, chat_id, last_id, user))
+
+    # ------------------------------------------------------------------- the operator's: faults, demo, services
 
     @app.put("/api/faults/{provider}", tags=["console"])
-    async def inject(request: Request, provider: Provider, form: FaultForm) -> Response:
+    async def inject(request: Request, _: Operator, provider: Provider, form: FaultForm) -> Response:
         return await _admin_faults(watcher_of(request), provider, "PUT", form.body(provider))
 
     @app.delete("/api/faults/{provider}", tags=["console"])
-    async def clear(request: Request, provider: Provider) -> Response:
+    async def clear(request: Request, _: Operator, provider: Provider) -> Response:
         return await _admin_faults(watcher_of(request), provider, "DELETE", None)
 
     @app.post("/api/demo/cascade", tags=["console"], status_code=202)
-    async def start_demo(request: Request, form: DemoForm) -> dict[str, Any]:
+    async def start_demo(request: Request, _: Operator, form: DemoForm) -> dict[str, Any]:
         """``concierge demo cascade`` for the page; refused while one runs. Its lines: ``GET /api/demo/stream``."""
         runner: DemoRunner = request.app.state.demo
         if runner.running:
@@ -696,14 +941,14 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         return {"running": True, "layers": state.layers}
 
     @app.delete("/api/demo", tags=["console"])
-    async def stop_demo(request: Request) -> dict[str, Any]:
+    async def stop_demo(request: Request, _: Operator) -> dict[str, Any]:
         runner: DemoRunner = request.app.state.demo
         await runner.stop()
         current = runner.current
         return {"running": False, "exit_code": None if current is None else current.exit_code}
 
     @app.get("/api/demo/stream", tags=["console"], response_class=EventSourceResponse)
-    async def demo_stream(request: Request) -> EventSourceResponse:
+    async def demo_stream(request: Request, _: Operator) -> EventSourceResponse:
         """The demo's narration, one event per line (from its first), then ``end`` with its exit code."""
         runner: DemoRunner = request.app.state.demo
         state = runner.current
@@ -719,7 +964,7 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         return EventSourceResponse(events(), ping=KEEPALIVE_S)
 
     @app.post("/api/services/{target}/{op}", tags=["console"])
-    async def control(request: Request, target: str, op: Literal["kill", "stop", "start"]) -> Response:
+    async def control(request: Request, _: Operator, target: str, op: Literal["kill", "stop", "start"]) -> Response:
         service = target.partition(":")[0]
         if service not in SERVICES:
             raise _field_error("path", "target", f"unknown service {service!r}; valid names: {', '.join(SERVICES)}")
@@ -735,8 +980,27 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         answer.pop("ok", None)
         return JSONResponse(answer)
 
-    add_chaos_routes(app)
+    add_chaos_routes(app, dependencies=[Depends(_operator)])
     return app
+
+
+def _set_session(response: Response, request: Request, cookie: str, ttl_s: float) -> None:
+    """The session cookie: HttpOnly (no script reads it), SameSite=Strict (no other site's request carries it)."""
+    response.set_cookie(
+        SESSION_COOKIE,
+        cookie,
+        max_age=max(1, int(ttl_s)),
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+def _answer(exc: BaseException) -> JSONResponse:
+    """The error table's answer, for what the middleware refuses before any route runs."""
+    status, body, headers = answer_response(answer_for(exc))
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _admin_faults(watcher: Watcher, provider: str, method: str, body: dict[str, Any] | None) -> Response:

@@ -15,9 +15,11 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.params import Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from stack.errors import ConsoleRefusedError
@@ -113,21 +115,23 @@ class ChaosRunner:
             await asyncio.gather(self._reader, return_exceptions=True)
 
 
-def add_chaos_routes(app: FastAPI) -> None:
-    """``GET|POST|DELETE /api/chaos``: the run's output so far, start one, stop it (heal and judge now)."""
+def add_chaos_routes(app: FastAPI, dependencies: Sequence[Depends] = ()) -> None:
+    """``GET|POST|DELETE /api/chaos``: the run's output so far, start one, stop it (heal and judge now);
+    ``dependencies`` guard each (the console's: the operator only)."""
+    guard = list(dependencies)
 
     def runner_of(request: Request) -> ChaosRunner:
         runner: ChaosRunner = request.app.state.chaos
         return runner
 
-    @app.get("/api/chaos", tags=["console"])
+    @app.get("/api/chaos", tags=["console"], dependencies=guard)
     async def chaos_status(request: Request) -> dict[str, Any]:
         return runner_of(request).status()
 
-    @app.post("/api/chaos", tags=["console"], status_code=202)
+    @app.post("/api/chaos", tags=["console"], status_code=202, dependencies=guard)
     async def chaos_start(request: Request, form: ChaosForm) -> dict[str, Any]:
         return await runner_of(request).start(form)
 
-    @app.delete("/api/chaos", tags=["console"], status_code=202)
+    @app.delete("/api/chaos", tags=["console"], status_code=202, dependencies=guard)
     async def chaos_stop(request: Request) -> dict[str, Any]:
         return runner_of(request).stop()

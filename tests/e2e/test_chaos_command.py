@@ -187,23 +187,27 @@ def test_the_console_button_runs_a_short_chaos_and_shows_its_verdict(stack_env: 
     status = json.loads(concierge(stack_env, "status", "--json").stdout)
     console = next(i for i in status["instances"] if i["name"] == "console")
     base, page = console["url"], {"X-Concierge-Console": "1"}
+    # logged in as the operator by the link `concierge console-url` prints (its session cookie)
+    link = concierge(stack_env, "console-url").stdout.strip()
+    http = httpx.Client(timeout=10)
+    assert http.get(link).status_code == 303
     # the page's own requests only: its header, its origin, one of its host names
-    assert httpx.post(f"{base}/api/chaos", json={}, timeout=10).status_code == 403
-    foreign = httpx.post(f"{base}/api/chaos", json={}, headers={**page, "Origin": "http://evil.example"}, timeout=10)
+    assert http.post(f"{base}/api/chaos", json={}, timeout=10).status_code == 403
+    foreign = http.post(f"{base}/api/chaos", json={}, headers={**page, "Origin": "http://evil.example"}, timeout=10)
     assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "forbidden"
-    rebound = httpx.post(f"{base}/api/chaos", json={}, headers={**page, "Host": "evil.example"}, timeout=10)
+    rebound = http.post(f"{base}/api/chaos", json={}, headers={**page, "Host": "evil.example"}, timeout=10)
     assert rebound.status_code == 421
-    too_long = httpx.post(f"{base}/api/chaos", json={"duration_s": 1000}, headers=page, timeout=10)
+    too_long = http.post(f"{base}/api/chaos", json={"duration_s": 1000}, headers=page, timeout=10)
     assert too_long.status_code == 422 and too_long.json()["detail"][0]["loc"] == ["body", "duration_s"]
-    assert httpx.get(f"{base}/api/chaos", timeout=10).json()["running"] is False
+    assert http.get(f"{base}/api/chaos", timeout=10).json()["running"] is False
 
-    started = httpx.post(f"{base}/api/chaos", json={"duration_s": 8, "seed": 5, "clients": 2}, headers=page, timeout=10)
+    started = http.post(f"{base}/api/chaos", json={"duration_s": 8, "seed": 5, "clients": 2}, headers=page, timeout=10)
     assert started.status_code == 202, started.text
     assert started.json()["running"] is True and "--seed 5" in started.json()["command"]
-    again = httpx.post(f"{base}/api/chaos", json={}, headers=page, timeout=10)
+    again = http.post(f"{base}/api/chaos", json={}, headers=page, timeout=10)
     assert again.status_code == 422 and "already running" in again.json()["error"]["message"]
     deadline = time.monotonic() + 200
-    while (run := httpx.get(f"{base}/api/chaos", timeout=10).json())["running"]:
+    while (run := http.get(f"{base}/api/chaos", timeout=10).json())["running"]:
         assert time.monotonic() < deadline, run["lines"][-5:]
         time.sleep(1)
     output = "\n".join(run["lines"])

@@ -296,7 +296,7 @@ def console_events(
     entries: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     headers = {"Accept": "text/event-stream", **({"Last-Event-ID": after} if after else {})}
-    with httpx.stream(
+    with stack.console.stream(
         "GET",
         f"{stack.url('console')}/api/chats/{chat_id}/events",
         headers=headers,
@@ -314,53 +314,56 @@ def console_events(
 
 def test_a_conversation_through_the_consoles_routes_books_once(stack: Stack) -> None:
     base = stack.url("console")
-    created = httpx.post(f"{base}/api/chats", headers=CONSOLE, timeout=30)
+    created = stack.console.post(f"{base}/api/chats", headers=CONSOLE, timeout=30)
     assert created.status_code == 201, created.text
     chat_id = created.json()["chat_id"]
-    said = httpx.post(
+    said = stack.console.post(
         f"{base}/api/chats/{chat_id}/messages", json={"text": request_text(51)}, headers=CONSOLE, timeout=30
     )
     assert said.status_code == 202, said.text
     story = console_events(stack, chat_id, until="approval_requested")
     kinds = [e["kind"] for e in story]
     assert kinds[0] == "user_message" and kinds.count("tool_call") == 2 and "tool_result" in kinds, kinds
-    chat = httpx.get(f"{base}/api/chats/{chat_id}", timeout=30).json()
+    # the entry is written as the turn stops: wait for that, as the page does (a keep-alive client is that fast)
+    chat = stack.console.get(f"{base}/api/chats/{chat_id}", params={"wait": 20}, timeout=30).json()
     approval = chat["pending_approval"]
     assert chat["status"] == "awaiting_approval" and approval["approval_id"]
     decide = f"{base}/api/chats/{chat_id}/approvals/{approval['approval_id']}"
     # a page elsewhere cannot approve it: another origin, no header of the page's, a foreign Host
-    foreign = httpx.post(decide, json={"approve": True}, headers={**CONSOLE, "Origin": "http://evil.example"})
+    foreign = stack.console.post(decide, json={"approve": True}, headers={**CONSOLE, "Origin": "http://evil.example"})
     assert foreign.status_code == 403
-    assert httpx.post(decide, json={"approve": True}).status_code == 403
+    assert stack.console.post(decide, json={"approve": True}, headers={"X-Concierge-Console": ""}).status_code == 403
     port = stack.ports["console"]
-    rebinding = httpx.post(
+    rebinding = stack.console.post(
         decide,
         json={"approve": True},
         headers={**CONSOLE, "Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"},
     )
     assert rebinding.status_code == 421
-    assert httpx.get(f"{base}/api/chats/{chat_id}", timeout=30).json()["status"] == "awaiting_approval"
-    approved = httpx.post(decide, json={"approve": True, "payment_token": "tok_visa"}, headers=CONSOLE, timeout=30)
+    assert stack.console.get(f"{base}/api/chats/{chat_id}", timeout=30).json()["status"] == "awaiting_approval"
+    approved = stack.console.post(
+        decide, json={"approve": True, "payment_token": "tok_visa"}, headers=CONSOLE, timeout=30
+    )
     assert approved.status_code == 202, approved.text
-    again = httpx.post(decide, json={"approve": True, "payment_token": "tok_visa"}, headers=CONSOLE, timeout=30)
+    again = stack.console.post(decide, json={"approve": True, "payment_token": "tok_visa"}, headers=CONSOLE, timeout=30)
     assert again.status_code == 202, again.text  # a double click: the same answer, not a second booking
     rest = console_events(stack, chat_id, until="turn_finished", timeout=90, after=str(story[-1]["id"]))
     kinds = [e["kind"] for e in rest]
     assert "approval_decided" in kinds and "booking" in kinds and "token" in kinds, kinds
     # the relay starts each stream where the page asks: nothing before the approval comes again
     assert kinds[0] == "approval_decided" and "approval_requested" not in kinds, kinds
-    chat = httpx.get(f"{base}/api/chats/{chat_id}", timeout=30).json()
+    chat = stack.console.get(f"{base}/api/chats/{chat_id}", timeout=30).json()
     assert len(chat["bookings"]) == 1, chat
     (booking_id,) = chat["bookings"]
     assert stack.wait(booking_id)["status"] == "confirmed"
     assert len(charges_for(stack, booking_id)) == 1
-    listed = httpx.get(f"{base}/api/chats", timeout=30).json()
+    listed = stack.console.get(f"{base}/api/chats", timeout=30).json()
     assert chat_id in [c["chat_id"] for c in listed["chats"]]
 
 
 def test_the_consoles_chat_routes_refuse_bad_input_naming_the_field(stack: Stack) -> None:
     base = stack.url("console")
-    chat_id = httpx.post(f"{base}/api/chats", headers=CONSOLE, timeout=30).json()["chat_id"]
+    chat_id = stack.console.post(f"{base}/api/chats", headers=CONSOLE, timeout=30).json()["chat_id"]
     for body, field in (
         ({"text": ""}, "text"),
         ({"text": "   "}, "text"),
@@ -368,14 +371,16 @@ def test_the_consoles_chat_routes_refuse_bad_input_naming_the_field(stack: Stack
         ({"text": "hi", "payment_token": "4242424242424242"}, "payment_token"),
         ({"text": "hi", "model": "gpt-5"}, "model"),
     ):
-        refused = httpx.post(f"{base}/api/chats/{chat_id}/messages", json=body, headers=CONSOLE)
+        refused = stack.console.post(f"{base}/api/chats/{chat_id}/messages", json=body, headers=CONSOLE)
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", field], refused.text
     for body in ({"approve": "yes"}, {"approve": 1}, {}):
-        refused = httpx.post(f"{base}/api/chats/{chat_id}/approvals/ap-1", json=body, headers=CONSOLE)
+        refused = stack.console.post(f"{base}/api/chats/{chat_id}/approvals/ap-1", json=body, headers=CONSOLE)
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "approve"], refused.text
-    bad_id = httpx.get(f"{base}/api/chats/not%20an%20id", timeout=10)
+    bad_id = stack.console.get(f"{base}/api/chats/not%20an%20id", timeout=10)
     assert bad_id.status_code == 422 and bad_id.json()["detail"][0]["loc"] == ["path", "chat_id"]
     # concierge-agent's own answers are relayed as they are
-    assert httpx.get(f"{base}/api/chats/no-such-chat", timeout=10).status_code == 404
-    unknown = httpx.post(f"{base}/api/chats/{chat_id}/approvals/no-such", json={"approve": True}, headers=CONSOLE)
+    assert stack.console.get(f"{base}/api/chats/no-such-chat", timeout=10).status_code == 404
+    unknown = stack.console.post(
+        f"{base}/api/chats/{chat_id}/approvals/no-such", json={"approve": True}, headers=CONSOLE
+    )
     assert unknown.status_code == 404, unknown.text

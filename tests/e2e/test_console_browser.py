@@ -49,7 +49,9 @@ def stack(tmp_path: Path, redis_url: str) -> Iterator[dict[str, Any]]:
     log = tmp_path / "data" / "logs" / "supervisor.log"
     assert up.returncode == 0, f"{up.stdout}\n{up.stderr}\n{log.read_text() if log.exists() else ''}"
     try:
-        yield {"env": env, "ports": ports, "paths": StackPaths.at(tmp_path / "data")}
+        # the one-time login link `up` printed under its table: the page is one click from it
+        login = next(word for word in up.stdout.split() if "/?login=" in word)
+        yield {"env": env, "ports": ports, "paths": StackPaths.at(tmp_path / "data"), "login": login}
     finally:
         state = read_state(StackPaths.at(tmp_path / "data"))
         if state is not None and any(pid_alive(pid) for pid in state.pids()):
@@ -112,7 +114,8 @@ def test_book_kill_the_agent_from_the_page_and_watch_the_recovery(
 
     console = f"http://127.0.0.1:{stack['ports']['console']}"
     booking_agent = f"http://127.0.0.1:{stack['ports']['booking-agent']}"
-    browser.get(console)
+    browser.get(stack["login"])  # logs in (a session cookie) and lands on the console, the link out of the address
+    assert browser.current_url == f"{console}/"
     wait_until(browser, "the overview", lambda d: "supervised" in d.find_element(By.ID, "mode").text)
     # under concierge up every service is listed with its pid and the kill buttons are shown
     rows = wait_until(
@@ -202,7 +205,8 @@ def test_a_conversation_in_the_chat_panel_ends_in_a_confirmed_booking(
 
     console = f"http://127.0.0.1:{stack['ports']['console']}"
     booking_agent = f"http://127.0.0.1:{stack['ports']['booking-agent']}"
-    browser.get(console)
+    browser.get(stack["login"])  # logs in (a session cookie) and lands on the console, the link out of the address
+    assert browser.current_url == f"{console}/"
     wait_until(browser, "the overview", lambda d: "supervised" in d.find_element(By.ID, "mode").text)
     checkin = time.strftime("%Y-%m-%d", time.localtime(time.time() + 50 * 86400))
     browser.find_element(By.ID, "chat-text").send_keys(

@@ -95,7 +95,7 @@ def held(stack: Stack) -> float:
 def follow(stack: Stack, booking_id: str, kinds: list[str]) -> None:
     """The console's timeline stream, read to its end (the final entry, then the ``end`` event)."""
     url = f"{console(stack)}/api/bookings/{booking_id}/events"
-    with httpx.stream("GET", url, timeout=httpx.Timeout(10, read=90)) as response:
+    with stack.console.stream("GET", url, timeout=httpx.Timeout(10, read=90)) as response:
         assert response.status_code == 200
         event = None
         for line in response.iter_lines():
@@ -110,7 +110,7 @@ def follow(stack: Stack, booking_id: str, kinds: list[str]) -> None:
 
 
 def test_the_overview_without_a_supervisor(stack: Stack) -> None:
-    overview = httpx.get(f"{console(stack)}/api/overview", timeout=30).json()
+    overview = stack.console.get(f"{console(stack)}/api/overview", timeout=30).json()
     assert overview["supervised"] is False
     services = {s["name"]: s for s in overview["services"]}
     assert set(services) == set(SERVICES) - {"console"}
@@ -121,28 +121,30 @@ def test_the_overview_without_a_supervisor(stack: Stack) -> None:
     assert {c["name"] for c in overview["circuits"]} >= {"hotel_api", "payment_api"}
     assert overview["bulkheads"]
     # the page and its assets come from the console itself, nothing from elsewhere
-    page = httpx.get(console(stack), timeout=10).text
+    page = stack.console.get(console(stack), timeout=10).text
     assert "/static/console.js" in page and "http" not in page.split("<body>")[1]
-    assert httpx.get(f"{console(stack)}/static/console.js", timeout=10).status_code == 200
+    assert stack.console.get(f"{console(stack)}/static/console.js", timeout=10).status_code == 200
     # the admin token is the console's own: nothing it serves contains it
-    streamed = httpx.get(f"{console(stack)}/api/overview", timeout=30).text
+    streamed = stack.console.get(f"{console(stack)}/api/overview", timeout=30).text
     assert stack.admin_token not in streamed and stack.admin_token not in page
 
 
 def test_the_console_drives_llm_apis_faults_for_every_model(stack: Stack) -> None:
     base = console(stack)
-    injected = httpx.put(f"{base}/api/faults/llm-api", json={"latency_s": 1.5, "error_rate": 0.25}, headers=CONSOLE)
+    injected = stack.console.put(
+        f"{base}/api/faults/llm-api", json={"latency_s": 1.5, "error_rate": 0.25}, headers=CONSOLE
+    )
     assert injected.status_code == 200, injected.text
     expected = {"sim-large": (1.5, 0.25), "sim-small": (1.5, 0.25)}
     deadline = time.monotonic() + 10
     while True:  # the overview is built once a second
-        faults = httpx.get(f"{base}/api/overview", timeout=30).json()["faults"]["llm-api"]["models"]
+        faults = stack.console.get(f"{base}/api/overview", timeout=30).json()["faults"]["llm-api"]["models"]
         shown = {m: (f["first_token_latency_s"], f["error_rate"]) for m, f in faults.items()}
         if shown == expected or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert shown == expected
-    cleared = httpx.delete(f"{base}/api/faults/llm-api", headers=CONSOLE)
+    cleared = stack.console.delete(f"{base}/api/faults/llm-api", headers=CONSOLE)
     assert cleared.status_code == 200, cleared.text
     assert stack.admin("GET", "llm-api", "faults").json()["models"]["sim-large"]["first_token_latency_s"] == 0
 
@@ -150,31 +152,33 @@ def test_the_console_drives_llm_apis_faults_for_every_model(stack: Stack) -> Non
 def test_bad_input_is_a_4xx_naming_the_field(stack: Stack) -> None:
     base = console(stack)
     checkin, _ = stay()
-    refused = httpx.post(
+    refused = stack.console.post(
         f"{base}/api/bookings", json={"city": "Lisbon", "checkin": checkin, "nights": 0}, headers=CONSOLE
     )
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "nights"]
-    past = httpx.post(f"{base}/api/bookings", json={"city": "Lisbon", "checkin": "2020-01-01"}, headers=CONSOLE)
+    past = stack.console.post(f"{base}/api/bookings", json={"city": "Lisbon", "checkin": "2020-01-01"}, headers=CONSOLE)
     assert past.status_code == 422 and past.json()["detail"][0]["loc"] == ["body", "checkin"]
-    fault = httpx.put(f"{base}/api/faults/payment-api", json={"error_rate": 2}, headers=CONSOLE)
+    fault = stack.console.put(f"{base}/api/faults/payment-api", json={"error_rate": 2}, headers=CONSOLE)
     assert fault.status_code == 422 and fault.json()["detail"][0]["loc"] == ["body", "error_rate"]
-    unknown = httpx.put(f"{base}/api/faults/search-agent", json={}, headers=CONSOLE)
+    unknown = stack.console.put(f"{base}/api/faults/search-agent", json={}, headers=CONSOLE)
     assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["path", "provider"]
-    target = httpx.post(f"{base}/api/services/nope/kill", headers=CONSOLE)
+    target = stack.console.post(f"{base}/api/services/nope/kill", headers=CONSOLE)
     assert target.status_code == 422 and target.json()["detail"][0]["loc"] == ["path", "target"]
-    booking = httpx.get(f"{base}/api/bookings/not%20an%20id/events", timeout=10)
+    booking = stack.console.get(f"{base}/api/bookings/not%20an%20id/events", timeout=10)
     assert booking.status_code == 422 and booking.json()["detail"][0]["loc"] == ["path", "booking_id"]
-    resume = httpx.get(f"{base}/api/bookings/abc/events", headers={"Last-Event-ID": "yesterday"}, timeout=10)
+    resume = stack.console.get(f"{base}/api/bookings/abc/events", headers={"Last-Event-ID": "yesterday"}, timeout=10)
     assert resume.status_code == 422 and resume.json()["detail"][0]["loc"] == ["header", "Last-Event-ID"]
-    # another origin, or no header of the page's: refused before anything is done
-    foreign = httpx.post(
+    # another origin, or no header of the page's: refused before anything is done, logged in or not
+    foreign = stack.console.post(
         f"{base}/api/services/booking-agent/kill", headers={**CONSOLE, "Origin": "http://evil.example"}
     )
     assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "forbidden"
-    bare = httpx.post(f"{base}/api/bookings", json={"city": "Lisbon", "checkin": checkin})
+    bare = stack.console.post(
+        f"{base}/api/bookings", json={"city": "Lisbon", "checkin": checkin}, headers={"X-Concierge-Console": ""}
+    )
     assert bare.status_code == 403
     # no supervisor: the control buttons have nothing to drive
-    control = httpx.post(f"{base}/api/services/booking-agent/kill", headers=CONSOLE)
+    control = stack.console.post(f"{base}/api/services/booking-agent/kill", headers=CONSOLE)
     assert control.status_code == 403 and "concierge up" in control.json()["error"]["message"]
     assert stack.services["booking-agent"].alive
 
@@ -185,10 +189,10 @@ def test_a_booking_that_loses_its_agent_in_the_timeline_and_in_the_metrics(stack
     assert value(before["booking-agent"], "concierge_bookings_final_total", outcome="confirmed") == 0
 
     held_before = held(stack)
-    injected = httpx.put(f"{base}/api/faults/payment-api", json={"latency_s": 3}, headers=CONSOLE, timeout=10)
+    injected = stack.console.put(f"{base}/api/faults/payment-api", json={"latency_s": 3}, headers=CONSOLE, timeout=10)
     assert injected.status_code == 200, injected.text
     checkin, _ = stay()
-    booked = httpx.post(
+    booked = stack.console.post(
         f"{base}/api/bookings", json={"city": "Lisbon", "checkin": checkin}, headers=CONSOLE, timeout=30
     )
     assert booked.status_code == 202, booked.text
@@ -206,7 +210,7 @@ def test_a_booking_that_loses_its_agent_in_the_timeline_and_in_the_metrics(stack
         assert time.monotonic() < deadline, "the charge never reached payment-api"
         time.sleep(0.05)
     stack.services["booking-agent"].kill()
-    cleared = httpx.delete(f"{base}/api/faults/payment-api", headers=CONSOLE, timeout=10)
+    cleared = stack.console.delete(f"{base}/api/faults/payment-api", headers=CONSOLE, timeout=10)
     assert cleared.status_code in (200, 204), cleared.text
     stack.serve("booking-agent", wait=False).wait_ready(timeout=READY_S)
     reader.join(timeout=120)
@@ -237,18 +241,18 @@ def test_a_cancel_from_the_console_is_counted(stack: Stack) -> None:
     checkin, _ = stay()
     stack.fault("payment-api", latency_s=3)
     try:
-        booked = httpx.post(
+        booked = stack.console.post(
             f"{base}/api/bookings", json={"city": "Lisbon", "checkin": checkin}, headers=CONSOLE, timeout=30
         )
         booking_id = booked.json()["booking_id"]
-        cancelled = httpx.post(f"{base}/api/bookings/{booking_id}/cancel", headers=CONSOLE, timeout=30)
+        cancelled = stack.console.post(f"{base}/api/bookings/{booking_id}/cancel", headers=CONSOLE, timeout=30)
         assert cancelled.status_code in (200, 202), cancelled.text
         kinds: list[str] = []
         follow(stack, booking_id, kinds)
         assert kinds[-1] == "cancelled", kinds
     finally:
         stack.fault("payment-api")
-    unknown = httpx.post(f"{base}/api/bookings/nosuchbooking/cancel", headers=CONSOLE, timeout=30)
+    unknown = stack.console.post(f"{base}/api/bookings/nosuchbooking/cancel", headers=CONSOLE, timeout=30)
     assert unknown.status_code == 404
     metrics = httpx.get(f"{stack.url('booking-agent')}/metrics", timeout=10).text
     assert value(metrics, "concierge_cancel_requests_total", outcome="requested") >= 1

@@ -113,14 +113,16 @@ def test_the_console_button_runs_the_demo_streams_it_and_stops_it(stack: Stack) 
     stack.serve("console", wait=False).wait_ready(timeout=120)
     url = stack.url("console")
     headers = {"X-Concierge-Console": "1"}
-    assert httpx.post(f"{url}/api/demo/cascade", json={"layers": "sideways"}, headers=headers).status_code == 422
-    started = httpx.post(f"{url}/api/demo/cascade", json={"layers": "on"}, headers=headers, timeout=10)
+    assert (
+        stack.console.post(f"{url}/api/demo/cascade", json={"layers": "sideways"}, headers=headers).status_code == 422
+    )
+    started = stack.console.post(f"{url}/api/demo/cascade", json={"layers": "on"}, headers=headers, timeout=10)
     assert started.status_code == 202, started.text
-    again = httpx.post(f"{url}/api/demo/cascade", json={}, headers=headers, timeout=10)
+    again = stack.console.post(f"{url}/api/demo/cascade", json={}, headers=headers, timeout=10)
     assert again.status_code >= 400 and "running already" in again.text
     lines: list[str] = []
     end: str | None = None
-    with httpx.stream("GET", f"{url}/api/demo/stream", timeout=httpx.Timeout(10, read=120)) as response:
+    with stack.console.stream("GET", f"{url}/api/demo/stream", timeout=httpx.Timeout(10, read=120)) as response:
         event = None
         for line in response.iter_lines():
             if line.startswith("event:"):
@@ -132,7 +134,7 @@ def test_the_console_button_runs_the_demo_streams_it_and_stops_it(stack: Stack) 
                     break
                 lines.append(data)
                 if "search-agent is slow now" in data:
-                    assert httpx.delete(f"{url}/api/demo", headers=headers, timeout=30).status_code == 200
+                    assert stack.console.delete(f"{url}/api/demo", headers=headers, timeout=30).status_code == 200
             elif not line:
                 event = None
     text = "\n".join(lines)

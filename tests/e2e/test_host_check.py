@@ -35,9 +35,9 @@ def concierge(env: dict[str, str], *args: str, timeout: float = 60) -> subproces
 
 class UpStack:
     """What a test needs of the running stack: its env, where its files are, each service's URL (a front's for a
-    scaled one) and the admin token ``up`` generated."""
+    scaled one), the admin token ``up`` generated and a console session from the login link it printed."""
 
-    def __init__(self, env: dict[str, str], data: Path) -> None:
+    def __init__(self, env: dict[str, str], data: Path, printed: str) -> None:
         self.env = env
         self.paths = StackPaths.at(data)
         self.logs = data / "logs"
@@ -47,6 +47,10 @@ class UpStack:
         stack_secrets = read_secrets(self.paths)
         assert stack_secrets is not None
         self.admin = {"Authorization": f"Bearer {stack_secrets.admin_token}"}
+        link = next(word for word in printed.split() if "/?login=" in word)  # `up` prints it under the table
+        opened = httpx.get(link, timeout=30)
+        assert opened.status_code == 303, opened.text
+        self.session = {"Cookie": f"concierge_console={opened.cookies['concierge_console']}"}
 
     def port(self, service: str) -> int:
         port = urlsplit(self.urls[service]).port
@@ -56,7 +60,8 @@ class UpStack:
     def as_page_of(self, host: str, service: str) -> dict[str, str]:
         """What a browser sends with a page's request to ``service`` when the page's address is ``host``."""
         origin = f"{host}:{self.port(service)}"
-        return {"Host": origin, "Origin": f"http://{origin}", **CONSOLE}
+        session = self.session if service == "console" else {}
+        return {"Host": origin, "Origin": f"http://{origin}", **CONSOLE, **session}
 
     def pid(self, service: str) -> int | None:
         state = read_state(self.paths)
@@ -81,7 +86,7 @@ def up(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[UpS
     log = tmp / "data" / "logs" / "supervisor.log"
     assert started.returncode == 0, f"{started.stdout}\n{started.stderr}\n{log.read_text() if log.exists() else ''}"
     try:
-        yield UpStack(env, tmp / "data")
+        yield UpStack(env, tmp / "data", started.stdout)
     finally:
         state = read_state(StackPaths.at(tmp / "data"))
         if state is not None and any(pid_alive(pid) for pid in state.pids()):

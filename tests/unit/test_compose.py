@@ -32,7 +32,7 @@ _SET_DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+)-(?P<default>[^}]*)\}$")
 _DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):-(?P<default>[^}]*)\}$")
 _REQUIRED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):\?(?P<message>[^}$]+)\}$")
 PROVIDERS = ("hotel-api", "payment-api", "llm-api")
-# published on the host's loopback only: the outside world's stand-ins, and the console (no login of its own)
+# published on the host's loopback only: the outside world's stand-ins, and the console (an operator's page)
 LOOPBACK_ONLY = (*PROVIDERS, "console")
 _PROBE_URL = re.compile(r"http://127\.0\.0\.1:(?P<port>\d+)(?P<path>/[\w/]*)")
 

@@ -5,6 +5,7 @@
 const $ = (selector) => document.querySelector(selector);
 const HEADERS = { "Content-Type": "application/json", "X-Concierge-Console": "1" };
 let supervised = false;
+let operator = false;
 let timeline = null;
 let selected = null;
 
@@ -31,8 +32,12 @@ function duration(seconds) {
   return s < 60 ? `${s}s` : s < 3600 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s` : `${Math.floor(s / 3600)}h`;
 }
 
+// No login (or a session gone): the console serves its login page at "/".
+function toLogin() { window.location.assign("/"); }
+
 async function send(method, url, body) {
   const response = await fetch(url, { method, headers: HEADERS, body: body === undefined ? undefined : JSON.stringify(body) });
+  if (response.status === 401) toLogin();
   let payload = null;
   try { payload = await response.json(); } catch (e) { payload = null; }
   return { ok: response.ok, status: response.status, body: payload };
@@ -70,7 +75,7 @@ function renderServices(services) {
     tr.append(controls);
     return tr;
   }));
-  document.querySelectorAll(".control").forEach((el) => el.classList.toggle("hidden", !supervised));
+  document.querySelectorAll(".control").forEach((el) => el.classList.toggle("hidden", !supervised || !operator));
 }
 
 function renderResilience(circuits, bulkheads) {
@@ -177,7 +182,10 @@ function render(data) {
 function watch() {
   const source = new EventSource("/api/stream");
   source.addEventListener("overview", (event) => render(JSON.parse(event.data)));
-  source.onerror = () => { $("#mode").textContent = "console unreachable; reconnecting…"; };
+  source.onerror = async () => {
+    $("#mode").textContent = "console unreachable; reconnecting…";
+    try { if ((await fetch("/api/session")).status === 401) { source.close(); toLogin(); } } catch (e) { /* unreachable: keep trying */ }
+  };
 }
 
 // ------------------------------------------------------------------------------------------------ timeline
@@ -483,6 +491,21 @@ async function stopChaos() {
   if (!result.ok) $("#chaos-result").textContent = `stop refused: ${describeError(result)}`;
 }
 
+// Who the page is for: a person sees their own bookings and chats, the operator everything and its buttons.
+async function whoami() {
+  const result = await send("GET", "/api/session");
+  if (!result.ok) return;
+  operator = result.body.operator;
+  $("#who").textContent = operator ? `operator (${result.body.via})` : `logged in as ${result.body.who}`;
+  document.querySelectorAll(".operator").forEach((el) => el.classList.toggle("hidden", !operator));
+  if (operator) pollChaos();
+}
+
+async function logout() {
+  await send("POST", "/api/logout");
+  toLogin();
+}
+
 function init() {
   const checkin = new Date(Date.now() + 40 * 86400 * 1000);
   $("#book-form [name=checkin]").value = checkin.toISOString().slice(0, 10);
@@ -495,7 +518,8 @@ function init() {
   loadChats();
   $("#chaos-form").addEventListener("submit", startChaos);
   $("#chaos-stop").addEventListener("click", stopChaos);
-  pollChaos();
+  $("#logout").addEventListener("click", logout);
+  whoami();
   watch();
 }
 
