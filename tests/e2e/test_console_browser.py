@@ -230,6 +230,7 @@ def test_a_conversation_in_the_chat_panel_ends_in_a_confirmed_booking(
     assert "tool_call" in story and "tool_result" in story, story
     card = browser.find_element(By.CSS_SELECTOR, "#chat-log li.approval")
     assert "Lisbon" in card.text and "EUR" in card.text, card.text
+    assert card.text.index("total ") < card.text.index('named by hotel-api "'), card.text  # our terms first
     browser.save_screenshot(str(tmp_path / "console-chat-approval.png"))
     approve.click()
 

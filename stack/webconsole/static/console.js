@@ -299,10 +299,21 @@ function approvalCard(approval) {
   if (li) return li;
   li = chatLine("approval", "", "approval_requested");
   li.dataset.approvalId = id;
-  const total = typeof approval.total_price === "number" ? approval.total_price.toFixed(2) : approval.total_price;
-  li.append(`Book ${approval.hotel_name} (${approval.hotel_id}), ${approval.checkin} → ${approval.checkout}, ` +
-    `${approval.guests} guest(s), ${total} ${approval.currency}? (expires ${time(approval.expires_at)})`,
-    document.createElement("br"));
+  // the server's own terms first; the hotel after them, quoted behind hotel-api's label (docs/concierge.md)
+  const quoted = (value) => JSON.stringify(String(value ?? ""));
+  const currency = /^[A-Z]{3}$/.test(String(approval.currency)) ? approval.currency : quoted(approval.currency);
+  const money = (value) => (typeof value === "number" ? value.toFixed(2) : quoted(value));
+  const cancel = approval.action === "cancel";
+  const refund = cancel && approval.refund
+    ? `, refund ${money(approval.refund.amount)} ${currency} (fee ${money(approval.refund.fee)} ${currency})` : "";
+  const what = cancel ? `Cancel booking ${approval.booking_id}` : "Book";
+  const hotel = Object.assign(document.createElement("span"), {
+    className: "third-party",
+    textContent: `hotel ${quoted(approval.hotel_id)}, named by hotel-api ${quoted(approval.hotel_name)}`,
+  });
+  li.append(`${what}: ${approval.checkin} → ${approval.checkout}, ${approval.guests} guest(s), ` +
+    `total ${money(approval.total_price)} ${currency}${refund}? (expires ${time(approval.expires_at)})`,
+    document.createElement("br"), hotel, document.createElement("br"));
   for (const [label, approve] of [["Approve", true], ["Refuse", false]]) {
     const button = Object.assign(document.createElement("button"), { textContent: label, type: "button" });
     button.dataset.approve = String(approve);
