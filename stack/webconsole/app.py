@@ -99,13 +99,14 @@ _NO_STORE = {"Cache-Control": "no-store"}
 # ----------------------------------------------------------------------------------------------------- who
 
 
-def _user(request: Request) -> ConsoleUser:
+async def _user(request: Request) -> ConsoleUser:
+    """Async, as every dependency here: a sync one would run on FastAPI's thread pool for no reason."""
     user: ConsoleUser = request.state.user  # the middleware's: every /api route but the login has one
     return user
 
 
-def _operator(request: Request) -> ConsoleUser:
-    user = _user(request)
+async def _operator(request: Request) -> ConsoleUser:
+    user = await _user(request)
     if not user.operator:
         raise ConsoleForbiddenError(
             "the operator's only: log in with the link `concierge console-url` prints, or the admin token"
