@@ -44,7 +44,7 @@ MONEY_CALLERS = frozenset({"booking-agent", "recovery-worker"})
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    payments = PaymentApiClient(get_settings().payment_api_url)
+    payments = PaymentApiClient(get_settings().payment_api_url, client=SERVICE)
     try:
         async with open_checkpointer() as saver:
             app.state.checkpointer = saver

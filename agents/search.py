@@ -32,7 +32,7 @@ SERVICE = "search-agent"
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    hotels = HotelApiClient(get_settings().hotel_api_url)
+    hotels = HotelApiClient(get_settings().hotel_api_url, client=SERVICE)
     app.state.search_graph = build_search_graph(hotels)
     try:
         yield

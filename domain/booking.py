@@ -300,6 +300,9 @@ class ErrorCode(StrEnum):
     """The time budget ran out (or a wait for capacity outlasted it)."""
     PROVIDER_UNAVAILABLE = "provider_unavailable"
     """A dependency (a provider or a peer agent) failed, or its circuit is open."""
+    PROVIDER_AUTH = "provider_auth"
+    """A provider refused our client key (401/403): a configuration to fix (``HOTEL_API_KEY``, ``PAYMENT_API_KEY``,
+    the deployment's secret), not a moment to wait out."""
     DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
     """Our own infrastructure (Redis, Postgres) cannot be reached right now; nothing was lost, try again shortly."""
     OVERLOADED = "overloaded"
@@ -333,6 +336,8 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     """The person used this ``Idempotency-Key`` before with a different body."""
     UNAUTHORIZED = "unauthorized"
+    """A service credential missing or refused (``WWW-Authenticate: Bearer``): a service token over A2A, the admin
+    token at ``/admin``, a client key at a provider's business routes."""
     FORBIDDEN = "forbidden"
     """The caller is known but may not do this: a skill it is not allowed to call, a refund of a confirmed booking."""
     NOT_FOUND = "not_found"
@@ -381,6 +386,7 @@ _HTTP_STATUS: Final = {
     ErrorCode.PAYMENT_DECLINED: 402,
     ErrorCode.TIMEOUT: 504,
     ErrorCode.PROVIDER_UNAVAILABLE: 503,
+    ErrorCode.PROVIDER_AUTH: 502,
     ErrorCode.DEPENDENCY_UNAVAILABLE: 503,
     ErrorCode.OVERLOADED: 429,
     ErrorCode.BULKHEAD_FULL: 503,

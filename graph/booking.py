@@ -158,7 +158,8 @@ class BookingDeps:
 @asynccontextmanager
 async def open_booking_deps(redis: Redis) -> AsyncIterator[BookingDeps]:
     settings = get_settings()
-    hotels = HotelApiClient(settings.hotel_api_url)
+    # hotel-api issues its key to booking-agent; the recovery worker, running the same saga, presents that one
+    hotels = HotelApiClient(settings.hotel_api_url, client="booking-agent")
     # the tokens name the peer (``aud``) and, from the service shell's identity, this service: booking-agent or
     # recovery-worker, the only callers payment-agent charges and refunds for
     search_agent = A2AClient(settings.search_agent_url, audience="search-agent")

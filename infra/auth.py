@@ -20,6 +20,11 @@ $CONCIERGE_ADMIN_TOKEN``; with none configured they do not exist (``admin_token_
 **Model API key.** The model provider (llm-api, or any OpenAI-compatible server) takes ``Authorization: Bearer
 $LLM_API_KEY``; with none configured, the simulator and the concierge derive the same one (``llm_api_key``).
 
+**Provider client keys.** hotel-api and payment-api take ``Authorization: Bearer <key>`` of one of their clients
+(``PROVIDER_CLIENTS``) on every business route, as a real provider issues a key per client: ``HOTEL_API_KEY`` /
+``PAYMENT_API_KEY`` when set (the key a client sends, the one key the provider accepts), else one derived per
+client from the deployment's secret (``provider_api_key``, checked by ``provider_api_key_ok``).
+
 ::
 
     ServiceAuthError
@@ -31,10 +36,11 @@ $LLM_API_KEY``; with none configured, the simulator and the concierge derive the
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -51,6 +57,8 @@ __all__ = [
     "LLM_KEY_PREFIX",
     "MAX_TOKEN_LIFETIME_S",
     "MIN_SECRET_CHARS",
+    "PROVIDER_CLIENTS",
+    "PROVIDER_KEY_PREFIX",
     "REMINT_BEFORE_S",
     "TOKEN_TTL_S",
     "InvalidServiceTokenError",
@@ -64,9 +72,12 @@ __all__ = [
     "admin_token",
     "admin_token_ok",
     "bearer_credentials",
+    "derived_provider_key",
     "llm_api_key",
     "mint_service_token",
     "person_acted_for",
+    "provider_api_key",
+    "provider_api_key_ok",
     "service_secret",
     "service_tokens",
     "use_service_identity",
@@ -363,3 +374,61 @@ def admin_token_ok(header: str | None, expected: str) -> bool:
     """``header`` is ``Bearer <expected>`` (constant-time comparison, whatever part is wrong)."""
     presented = bearer_credentials(header) or ""
     return hmac.compare_digest(presented.encode("utf-8", "replace"), expected.encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------------- providers
+
+PROVIDER_CLIENTS: Final[Mapping[str, tuple[str, ...]]] = {
+    "hotel-api": ("booking-agent", "search-agent"),
+    "payment-api": ("payment-agent",),
+}
+"""Who each provider issues a key to. The recovery worker runs booking's graph and presents booking-agent's key."""
+PROVIDER_KEY_PREFIX: Final = "pk-sim-"
+"""What a derived provider client key starts with (``provider_api_key``)."""
+_PROVIDER_KEY_SETTINGS: Final = {"hotel-api": "hotel_api_key", "payment-api": "payment_api_key"}
+
+
+def _configured_provider_key(provider: str, settings: Settings) -> str | None:
+    configured = getattr(settings, _PROVIDER_KEY_SETTINGS[provider])
+    value = configured.get_secret_value().strip() if configured is not None else ""
+    return value or None  # docker-compose passes an empty one through
+
+
+@functools.lru_cache(maxsize=64)
+def derived_provider_key(secret: str, provider: str, client: str) -> str:
+    """The key ``client`` gets from ``provider`` when none is configured: HMAC-SHA256 of the deployment's secret over
+    both names, so every process with the same secret agrees and no two clients (or providers) share one."""
+    digest = hmac.new(secret.encode(), f"concierge {provider} key of {client}".encode(), hashlib.sha256).hexdigest()
+    return f"{PROVIDER_KEY_PREFIX}{digest[:48]}"
+
+
+def provider_api_key(provider: str, client: str | None = None, settings: Settings | None = None) -> str | None:
+    """The key ``client`` (default: this service) presents to ``provider``: ``HOTEL_API_KEY`` / ``PAYMENT_API_KEY``,
+    else one derived from the deployment's secret for that client; ``None`` when there is neither."""
+    settings = settings or get_settings()
+    configured = _configured_provider_key(provider, settings)
+    if configured is not None:
+        return configured
+    client = client or (_identity.issuer if _identity is not None else None)
+    try:
+        secret = service_secret(settings)
+    except MissingSecretError:
+        return None
+    return None if client is None else derived_provider_key(secret, provider, client)
+
+
+def provider_api_key_ok(provider: str, header: str | None, settings: Settings | None = None) -> bool:
+    """``header`` is ``Bearer <key>`` of one of ``provider``'s clients (constant time, every key compared)."""
+    settings = settings or get_settings()
+    configured = _configured_provider_key(provider, settings)
+    if configured is not None:
+        accepted = [configured]
+    else:
+        try:
+            secret = service_secret(settings)
+        except MissingSecretError:
+            return False  # no key can be known: nobody is let in
+        accepted = [derived_provider_key(secret, provider, client) for client in PROVIDER_CLIENTS[provider]]
+    presented = (bearer_credentials(header) or "").encode("utf-8", "replace")
+    matches = [hmac.compare_digest(presented, key.encode("utf-8")) for key in accepted]
+    return bool(presented) and any(matches)

@@ -28,7 +28,13 @@ from domain.cancellation import CancelInProgressError, CancellationRefusedError,
 from domain.chat import ChatConflictError
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
 from infra.causes import causes
-from infra.clients.errors import NoAvailabilityError, PaymentDeclinedError, ProviderError, ProviderRejectedError
+from infra.clients.errors import (
+    NoAvailabilityError,
+    PaymentDeclinedError,
+    ProviderAuthError,
+    ProviderError,
+    ProviderRejectedError,
+)
 from infra.connection_errors import never_connected
 from infra.llm.errors import (
     ModelAuthError,
@@ -181,6 +187,7 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (NoAvailabilityError, ErrorCode.NO_AVAILABILITY, False),
     (PriceChangedError, ErrorCode.PRICE_CHANGED, False),  # a hold above the booking's max_total_price
     (PaymentDeclinedError, ErrorCode.PAYMENT_DECLINED, False),
+    (ProviderAuthError, ErrorCode.PROVIDER_AUTH, False),  # our client key refused: a configuration to fix
     (ProviderRejectedError, ErrorCode.REJECTED, False),
     (BudgetExhaustedError, ErrorCode.TIMEOUT, False),  # A2ATimeoutError too: it is one
     (AttemptTimeoutError, ErrorCode.TIMEOUT, True),  # too slow for its share; another attempt may fit

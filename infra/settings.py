@@ -179,6 +179,18 @@ class Settings(BaseSettings):
     payment_agent_url: str = Field("http://127.0.0.1:8002", validation_alias="PAYMENT_AGENT_URL")
     hotel_api_url: str = Field("http://127.0.0.1:8010", validation_alias="HOTEL_API_URL")
     payment_api_url: str = Field("http://127.0.0.1:8011", validation_alias="PAYMENT_API_URL")
+    hotel_api_key: SecretStr | None = Field(
+        None,
+        validation_alias="HOTEL_API_KEY",
+        description="hotel-api's client key (Authorization: Bearer): on a client, the key it sends; on hotel-api, "
+        "the one key it accepts. Unset: each client derives its own from CONCIERGE_SERVICE_SECRET and hotel-api "
+        "accepts its clients' (infra.auth.provider_api_key, docs/people.md).",
+    )
+    payment_api_key: SecretStr | None = Field(
+        None,
+        validation_alias="PAYMENT_API_KEY",
+        description="payment-api's client key, as HOTEL_API_KEY is hotel-api's.",
+    )
     llm_api_url: str = Field(
         "http://127.0.0.1:8012",
         validation_alias="LLM_API_URL",

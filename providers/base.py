@@ -1,10 +1,12 @@
-"""What both simulated providers share: the app factory, their error answers (shape: ``infra.clients.wire``) and
-the guard of their ``/admin`` routes.
+"""What the simulated providers share: the app factory, their error answers (shape: ``infra.clients.wire``) and
+the guards in front of their routes.
 
 ``/admin`` (faults, ledgers, availability) changes or reveals state outside any booking, so it is the operator's
 alone: ``Authorization: Bearer $CONCIERGE_ADMIN_TOKEN``, else 401; with no admin token configured the routes do not
-exist (404, as for any unknown path). The guard sits in front of routing, so no admin route (present or future)
-is reached, and no body parsed, before the token is checked.
+exist (404, as for any unknown path). Every other route but the shell's own (health, metrics, OpenAPI) is business
+(search, hold, charge, refund, look up) and wants the key of one of the provider's clients
+(``infra.auth.provider_api_key_ok``), else 401: a real provider issues keys per client. Both guards sit in front of
+routing, so no route (present or future) is reached, and no body parsed, before the credential is checked.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from infra.auth import admin_token, admin_token_ok
+from domain.booking import ErrorCode
+from infra.auth import admin_token, admin_token_ok, provider_api_key_ok
 from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, REPLAYED_HEADER, provider_error
 from infra.service import MAX_BODY_BYTES, create_service_app
 from infra.service.openapi import Answer, detail, document
@@ -31,6 +34,7 @@ __all__ = [
     "IDEMPOTENT_ROUTE",
     "REPLAYED",
     "AdminGuard",
+    "ClientKeyGuard",
     "ProviderApiError",
     "create_provider_app",
     "send_json",
@@ -85,6 +89,21 @@ _ADMIN_SCHEMES = {
         "description": "`CONCIERGE_ADMIN_TOKEN`: without one configured, the `/admin` routes do not exist (404).",
     }
 }
+_CLIENT_KEY_SCHEMES = {
+    "clientKey": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The calling client's key: `HOTEL_API_KEY` / `PAYMENT_API_KEY`, or the one its deployment "
+        "derives for it from `CONCIERGE_SERVICE_SECRET` (infra/auth.py `provider_api_key`).",
+    }
+}
+_CLIENT_KEY_ANSWER = provider_answer(
+    401,
+    ErrorCode.UNAUTHORIZED,
+    description="No `Authorization: Bearer <key>` of one of this provider's clients (`WWW-Authenticate: Bearer`), "
+    'or a key it did not issue (`Bearer error="invalid_token"`).',
+    headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+)
 _ADMIN_ANSWERS = (
     provider_answer(
         401,
@@ -117,6 +136,14 @@ async def send_json(send: Send, status: int, body: object, headers: Sequence[tup
     await send({"type": "http.response.body", "body": payload})
 
 
+def _authorization(scope: Scope) -> str | None:
+    return next((bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+
+
+def _is_admin(path: str) -> bool:
+    return path == ADMIN_PREFIX or path.startswith(f"{ADMIN_PREFIX}/")
+
+
 class AdminGuard:
     """Pure ASGI: ``/admin`` and below need the admin token (see the module docstring); the rest passes through.
 
@@ -127,20 +154,51 @@ class AdminGuard:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = str(scope.get("path", ""))
-        if scope["type"] != "http" or not (path == ADMIN_PREFIX or path.startswith(f"{ADMIN_PREFIX}/")):
+        if scope["type"] != "http" or not _is_admin(str(scope.get("path", ""))):
             await self.app(scope, receive, send)
             return
         expected = admin_token()
         if expected is None:
             await send_json(send, 404, {"detail": "Not Found"}, [])  # what an unknown path answers
             return
-        header = next((bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-        if not admin_token_ok(header, expected):
-            body = provider_error("unauthorized", "admin routes need Authorization: Bearer $CONCIERGE_ADMIN_TOKEN")
+        if not admin_token_ok(_authorization(scope), expected):
+            body = provider_error(
+                ErrorCode.UNAUTHORIZED, "admin routes need Authorization: Bearer $CONCIERGE_ADMIN_TOKEN"
+            )
             await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, receive, send)
+
+
+class ClientKeyGuard:
+    """Pure ASGI: every path but ``open_paths`` (the shell's) and ``/admin`` needs one of ``provider``'s client keys.
+
+    Unknown paths too: without a key nobody learns which routes exist. The keys are read from the settings on every
+    request (cached), like the admin token; the presented key is never repeated (log, body).
+    """
+
+    def __init__(self, app: ASGIApp, *, provider: str, open_paths: frozenset[str]) -> None:
+        self.app = app
+        self.provider = provider
+        self.open_paths = open_paths
+        variable = f"{provider.replace('-', '_').upper()}_KEY"
+        self._refusal = provider_error(
+            ErrorCode.UNAUTHORIZED,
+            f"{provider} wants Authorization: Bearer <key> of one of its clients ({variable}, or the key derived "
+            "from CONCIERGE_SERVICE_SECRET for the client)",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or path in self.open_paths or _is_admin(path):
+            await self.app(scope, receive, send)
+            return
+        header = _authorization(scope)
+        if provider_api_key_ok(self.provider, header):
+            await self.app(scope, receive, send)
+            return
+        challenge = b"Bearer" if header is None else b'Bearer error="invalid_token"'
+        await send_json(send, 401, self._refusal, [(b"www-authenticate", challenge)])
 
 
 def create_provider_app(
@@ -151,9 +209,10 @@ def create_provider_app(
     own_faults: bool = False,
     faults_model: type[Faults] = Faults,
     max_body_bytes: int = MAX_BODY_BYTES,
+    client_keys: bool = False,
 ) -> FastAPI:
     """The service shell plus: faults on every ``business`` route, ``/admin/faults``, the error answers and the
-    admin guard.
+    admin guard; with ``client_keys``, the client-key guard on every route but the shell's and ``/admin``.
 
     ``own_faults``: the provider injects faults of its own kind (llm-api: per model, answered in OpenAI's shapes)
     and ``admin`` serves its ``/admin/faults``; the injector and the router of ``faults.py`` are left out.
@@ -162,6 +221,7 @@ def create_provider_app(
     app = create_service_app(
         name, description=f"Simulated third-party {name} (state in Redis).", max_body_bytes=max_body_bytes
     )
+    shell_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ProviderApiError)
@@ -194,6 +254,16 @@ def create_provider_app(
         for route in business.routes:
             document(app, path=getattr(route, "path", ""), answers=[_INJECTED_FAULT])
     app.add_middleware(AdminGuard)
+    if client_keys:
+        app.add_middleware(ClientKeyGuard, provider=name, open_paths=shell_paths)
+        for route in business.routes:
+            document(
+                app,
+                path=getattr(route, "path", ""),
+                answers=[_CLIENT_KEY_ANSWER],
+                security=[{"clientKey": []}],
+                security_schemes=_CLIENT_KEY_SCHEMES,
+            )
     document(
         app, prefix=ADMIN_PREFIX, answers=_ADMIN_ANSWERS, security=[{"adminToken": []}], security_schemes=_ADMIN_SCHEMES
     )

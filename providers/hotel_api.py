@@ -16,7 +16,9 @@
 Capacity: a hotel has ``rooms`` rooms every night; Redis keeps only rooms *taken* per hotel and night (one hash,
 field ``<hotel_id>:<YYYY-MM-DD>``), so a night never booked has full capacity and nothing needs seeding. A party
 takes ``ceil(guests / 2)`` rooms every night; ``available_rooms`` of a stay is the minimum over its nights;
-``total_price = price_per_night × rooms × nights``. POSTs need ``Idempotency-Key`` (see ``idempotency.py``).
+``total_price = price_per_night × rooms × nights``. POSTs need ``Idempotency-Key`` (see ``idempotency.py``). Every
+route above but ``/admin`` wants ``Authorization: Bearer <key>`` of booking-agent or search-agent, else 401
+(``providers.base.ClientKeyGuard``).
 
 Its faults (``providers.faults.HotelFaults``) add two to the providers' own: ``price_change_pct`` (a hold costs that
 much more than search showed: the total of the hold, rounded to cents) and ``name_suffix`` (appended to every hotel
@@ -406,7 +408,7 @@ async def availability(query: Annotated[AvailabilityQuery, Query()], redis: Redi
 
 
 def create_app() -> FastAPI:
-    return create_provider_app(PROVIDER, business, admin, faults_model=HotelFaults)
+    return create_provider_app(PROVIDER, business, admin, faults_model=HotelFaults, client_keys=True)
 
 
 app = create_app()

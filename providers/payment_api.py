@@ -13,7 +13,8 @@
 Test tokens: ``tok_visa`` and any ``tok_ok_*`` are captured; ``tok_declined`` is declined; any other token is
 declined with ``reason: "unknown test token"``. A declined charge is still a charge: it gets a ``payment_id``,
 is in the ledger with status ``declined``, and replaying its key answers the same 402. POSTs need
-``Idempotency-Key`` (see ``idempotency.py``).
+``Idempotency-Key`` (see ``idempotency.py``). Every route above but ``/admin`` wants ``Authorization: Bearer <key>``
+of payment-agent, its one client, else 401 (``providers.base.ClientKeyGuard``).
 """
 
 from __future__ import annotations
@@ -323,7 +324,7 @@ async def ledger(redis: RedisDep) -> dict[str, Any]:
 
 
 def create_app() -> FastAPI:
-    return create_provider_app(PROVIDER, business, admin)
+    return create_provider_app(PROVIDER, business, admin, client_keys=True)
 
 
 app = create_app()

@@ -7,7 +7,9 @@ one Redis key prefix, a fresh Postgres database on ``TEST_DATABASE_URL`` when th
 checkpointer), then runs ``schemathesis run <service>/openapi.json --checks all`` against each one, every phase
 (examples, coverage, fuzzing, stateful), ``--max-examples`` cases per operation (default 25) from a fixed seed so a
 run is reproducible. The admin token is sent on every request (``Authorization: Bearer``), so the providers'
-``/admin`` routes are exercised too; ``ignored_auth`` checks they refuse a request without it. Exits 1 when any run
+``/admin`` routes are exercised too; ``ignored_auth`` checks they refuse a request without it. hotel-api's and
+payment-api's business routes want a client's key instead (docs/people.md): they have a pass of their own presenting
+it (booking-agent's, payment-agent's, derived from the stack's secret), and their ``/admin`` one with the admin token. Exits 1 when any run
 reports a failure (a 5xx, an answer its schema does not document, ...), and ends with ``api-check: N passed, M
 failed`` (one per service run).
 
@@ -68,6 +70,9 @@ FAULTED = (*PROVIDERS, "search-agent")
 """The services with ``/admin/faults``: fuzzed in a pass of its own, last, and cleared after it (a generated PUT that
 hangs search-agent would otherwise time out the rest of its pass)."""
 MODEL_API = "^/v1/"
+ADMIN_API = "^/admin/"
+CLIENT_KEYED = ("hotel-api", "payment-api")
+"""The providers whose business routes want a client's key: their ``/admin`` routes have a pass of their own."""
 """llm-api's OpenAI-compatible routes: their own run, with the model API key instead of the admin token."""
 CHAT_PATH = "/v1/chat/completions"
 DEFAULT_MAX_EXAMPLES = 25
@@ -343,12 +348,20 @@ def main() -> int:
             if "llm-api" in services:
                 passes[services.index("llm-api")][2].append(MODEL_API)
                 passes.append(("llm-api", MODEL_API, []))
+            for name in (n for n in services if n in CLIENT_KEYED):
+                passes[services.index(name)][2].append(ADMIN_API)
+                passes.append((name, ADMIN_API, [FAULTS_PATH]))
             passes += [(name, FAULTS_PATH, []) for name in services if name in FAULTED]
             (work / "schemathesis.toml").write_text(CONFIG)
             for name, include, exclude in passes:
                 label = name if include is None else f"{name} {include}"
                 slug = label.replace(" ", "").replace("/", "_").replace("^", "")
-                token = stack.llm_api_key if include == MODEL_API else stack.admin_token
+                if include == MODEL_API:
+                    token = stack.llm_api_key
+                elif name in CLIENT_KEYED and include is None:
+                    token = stack.provider_auth(name).key  # a client's key: the business routes
+                else:
+                    token = stack.admin_token
                 argv = _schemathesis(stack.url(name), args, token, work, slug, include=include, exclude=exclude)
                 ok, elapsed = _run(argv, label, work / f"{slug}.log")
                 results.append((label, ok, elapsed))

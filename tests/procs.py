@@ -9,7 +9,7 @@ Typical fixture::
 
     def test_x(procs):
         hotel = procs.serve("hotel-api")              # concierge serve hotel-api --port <free>; waits for ready
-        httpx.get(f"{hotel.url}/hotels?...")
+        httpx.get(f"{hotel.url}/hotels?...", auth=ProviderAuth("hotel-api", secret))  # tests.stack
         hotel.kill()                                  # SIGKILL to its process group
         hotel = procs.serve("hotel-api", port=hotel.port)
 

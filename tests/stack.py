@@ -10,6 +10,8 @@ Every stack has its own ``CONCIERGE_SERVICE_SECRET`` (``stack.secret``), ``CONCI
 (``stack.admin_token``) and ``LLM_API_KEY`` (``stack.llm_api_key``, what llm-api takes); ``stack.admin(...)``,
 ``stack.fault(...)``, ``stack.script_model(...)`` and ``stack.ledger(...)`` present the admin token,
 ``stack.service_token(issuer, audience)`` mints what a service would present and ``stack.a2a(...)`` calls a skill with it. ``CONCIERGE_SERVICE_TOKEN`` is set too (``stack.retired_token``), only so a test can show nobody takes it.
+A test calling hotel-api's or payment-api's business routes itself presents a client's key as the services do:
+``auth=stack.provider_auth("hotel-api")`` (``ProviderAuth``, also for in-process apps and the test secret).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import httpx
 import psycopg
 
 from domain.booking import FINAL_BOOKING_STATUSES
-from infra.auth import mint_service_token
+from infra.auth import PROVIDER_CLIENTS, derived_provider_key, mint_service_token
 from stack.login import login_url
 from tests.procs import Processes, ServiceProcess, concierge_command, free_port
 
@@ -67,6 +69,24 @@ def fresh_database(admin_url: str = TEST_DATABASE_URL, *, name_prefix: str = "co
     finally:
         with psycopg.connect(admin_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class ProviderAuth(httpx.Auth):
+    """What a test's client presents at hotel-api or payment-api: the admin token under ``/admin``, elsewhere the key
+    ``secret`` derives for ``client`` (default: the provider's first), as the services do. A request that brings its
+    own ``Authorization`` keeps it (a test sending a wrong one)."""
+
+    def __init__(self, provider: str, secret: str, admin_token: str | None = None, client: str | None = None) -> None:
+        self.key = derived_provider_key(secret, provider, client or PROVIDER_CLIENTS[provider][0])
+        self.admin_token = admin_token
+
+    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+        if "authorization" not in request.headers:
+            admin = request.url.path == "/admin" or request.url.path.startswith("/admin/")
+            credential = self.admin_token if admin else self.key
+            if credential is not None:
+                request.headers["Authorization"] = f"Bearer {credential}"
+        yield request
 
 
 class Stack:
@@ -150,6 +170,12 @@ class Stack:
             if booking["status"] in FINAL_BOOKING_STATUSES or left <= 0:
                 return booking
             time.sleep(0.05)
+
+    # --- a client's view: the providers' business routes, with a client's key --------------------------------
+    def provider_auth(self, provider: str, client: str | None = None) -> ProviderAuth:
+        """``auth=`` for a request to ``provider``: ``client``'s key (default its first client), derived from this
+        stack's secret; the admin token under ``/admin``."""
+        return ProviderAuth(provider, self.secret, self.admin_token, client)
 
     # --- the operator's view: the providers' /admin routes, with the stack's admin token ---------------------
     def admin(self, method: str, provider: str, path: str, **kwargs: Any) -> httpx.Response:

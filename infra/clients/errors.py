@@ -14,6 +14,7 @@
      │         ├── IdempotencyMismatchError  422 ``idempotency_key_reused``: same key, different request
      │         ├── ProviderNotFoundError     404
      │         └── InvalidProviderRequestError   any other 4xx
+     │              └── ProviderAuthError    401, 403: the provider refused our client key (a configuration to fix)
      └── resilience.errors.NonRetryableError
 
 A call that times out because the request's budget ran out raises ``resilience.errors.BudgetExhaustedError``
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidProviderRequestError",
     "NoAvailabilityError",
     "PaymentDeclinedError",
+    "ProviderAuthError",
     "ProviderConflictError",
     "ProviderError",
     "ProviderNotFoundError",
@@ -107,3 +109,8 @@ class ProviderNotFoundError(ProviderRejectedError):
 
 class InvalidProviderRequestError(ProviderRejectedError):
     pass
+
+
+class ProviderAuthError(InvalidProviderRequestError):
+    """401/403: the provider refused our client key (``HOTEL_API_KEY`` / ``PAYMENT_API_KEY``, or a secret that is
+    not the provider's); waiting does not help."""

@@ -10,8 +10,10 @@ Errors are converted here (see ``infra.clients.errors``): ``ProviderUnavailableE
 
 The clients add no retry, breaker or bulkhead of their own; wrap calls in ``resilience.policy_for(...)``.
 
-The admin methods (faults, ledger, availability) send ``CONCIERGE_ADMIN_TOKEN`` when it is set; the business calls
-never carry it.
+The business calls send the client's key (``Authorization: Bearer``, ``infra.auth.provider_api_key``): the key of
+``client`` (default: this service), or ``HOTEL_API_KEY`` / ``PAYMENT_API_KEY`` when set; a refused key is a
+``ProviderAuthError``. The admin methods (faults, ledger, availability) send ``CONCIERGE_ADMIN_TOKEN`` instead, when
+it is set; neither credential goes anywhere else (no journal entry, span or error carries it).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from typing import Any, ClassVar, NoReturn, Self
 import httpx
 
 from domain.booking import JournalKind
-from infra.auth import admin_token
+from infra.auth import admin_token, provider_api_key
 from infra.clients.errors import (
     IdempotencyMismatchError,
     InvalidProviderRequestError,
     NoAvailabilityError,
     PaymentDeclinedError,
+    ProviderAuthError,
     ProviderConflictError,
     ProviderError,
     ProviderNotFoundError,
@@ -57,9 +60,13 @@ def _iso(value: date | str) -> str:
 class _ProviderClient:
     provider: ClassVar[str]
 
-    def __init__(self, base_url: str | None = None, *, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, base_url: str | None = None, *, http: httpx.AsyncClient | None = None, client: str | None = None
+    ) -> None:
+        """``client``: whose key the business calls present (``infra.auth.PROVIDER_CLIENTS``); default this service's."""
         if http is not None and base_url is not None:
             raise ValueError("pass base_url or http (already pointed at the provider), not both")
+        self._client = client
         self._owns_http = http is None
         self._http = http if http is not None else create_http_client(base_url or self._default_url())
 
@@ -91,7 +98,8 @@ class _ProviderClient:
     ) -> Any:
         what = f"{self.provider} {method} {path}"
         headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key is not None else {}
-        if path.startswith("/admin/") and (token := admin_token()) is not None:
+        token = admin_token() if path.startswith("/admin/") else provider_api_key(self.provider, self._client)
+        if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         started = time.perf_counter()
         response: httpx.Response | None = None
@@ -164,6 +172,8 @@ class _ProviderClient:
                 payment_id=payment_id if isinstance(payment_id, str) else None,
                 **fields,
             )
+        elif status in (401, 403):
+            error = ProviderAuthError(text, **fields)
         elif status == 404:
             error = ProviderNotFoundError(text, **fields)
         elif status == 409:

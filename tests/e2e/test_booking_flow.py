@@ -23,6 +23,7 @@ def lisbon_availability(stack: Stack, checkin: str, checkout: str) -> dict[str, 
     response = stack.http.get(
         f"{stack.url('hotel-api')}/hotels",
         params={"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2},
+        auth=stack.provider_auth("hotel-api"),
     )
     assert response.status_code == 200, response.text
     return {offer["hotel_id"]: offer["available_rooms"] for offer in response.json()["offers"]}

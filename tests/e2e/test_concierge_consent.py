@@ -57,7 +57,7 @@ def stay_args(city: str = "Lisbon") -> dict[str, Any]:
 
 
 def offers(stack: Stack, args: dict[str, Any]) -> list[dict[str, Any]]:
-    response = stack.http.get(f"{stack.url('hotel-api')}/hotels", params=args)
+    response = stack.http.get(f"{stack.url('hotel-api')}/hotels", params=args, auth=stack.provider_auth("hotel-api"))
     assert response.status_code == 200, response.text
     return list(response.json()["offers"])
 

@@ -66,6 +66,7 @@ def test_non_finite_numbers_at_the_providers_are_422_naming_the_field(stack: Sta
         f"{stack.url('hotel-api')}/reservations",
         content=_raw(reservation, guests="1e400"),
         headers={**JSON, "Idempotency-Key": uuid.uuid4().hex},
+        auth=stack.provider_auth("hotel-api"),
     )
     assert held.status_code == 422 and "guests" in _fields(held.json()), held.text
 
@@ -74,6 +75,7 @@ def test_non_finite_numbers_at_the_providers_are_422_naming_the_field(stack: Sta
         f"{stack.url('payment-api')}/charges",
         content=_raw(charge, amount="1e400"),
         headers={**JSON, "Idempotency-Key": uuid.uuid4().hex},
+        auth=stack.provider_auth("payment-api"),
     )
     assert charged.status_code == 422 and "amount" in _fields(charged.json()), charged.text
     assert not [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == "hostile"]

@@ -322,7 +322,8 @@ def test_a_chat_is_its_owners_and_the_concierge_books_for_them(
     chat_id = created.json()["chat_id"]
     checkin, checkout = stay()
     args: dict[str, Any] = {"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2}
-    offers = http.get(f"{stack.url('hotel-api')}/hotels", params=args).json()["offers"]
+    offers = http.get(f"{stack.url('hotel-api')}/hotels", params=args, auth=stack.provider_auth("hotel-api"))
+    offers = offers.json()["offers"]
     stack.script_model(
         [
             {"tool_calls": [{"name": "book_hotel", "arguments": {"hotel_id": offers[0]["hotel_id"], **args}}]},
@@ -373,7 +374,8 @@ def test_the_concierge_killed_mid_booking_resumes_for_the_same_person(
     chat_id = http.post(f"{concierge}/chats", headers=alice).json()["chat_id"]
     checkin, checkout = stay(days_ahead=55)
     args: dict[str, Any] = {"city": "Porto", "checkin": checkin, "checkout": checkout, "guests": 2}
-    hotel = http.get(f"{stack.url('hotel-api')}/hotels", params=args).json()["offers"][0]
+    found = http.get(f"{stack.url('hotel-api')}/hotels", params=args, auth=stack.provider_auth("hotel-api"))
+    hotel = found.json()["offers"][0]
     stack.script_model(
         [
             {"tool_calls": [{"name": "book_hotel", "arguments": {"hotel_id": hotel["hotel_id"], **args}}]},

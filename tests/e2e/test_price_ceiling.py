@@ -35,6 +35,7 @@ def cheapest_offer(stack: Stack, checkin: str, checkout: str) -> tuple[dict[str,
     response = stack.http.get(
         f"{stack.url('hotel-api')}/hotels",
         params={"city": "Lisbon", "checkin": checkin, "checkout": checkout, "guests": 2},
+        auth=stack.provider_auth("hotel-api"),
     )
     assert response.status_code == 200, response.text
     offer: dict[str, Any] = response.json()["offers"][0]

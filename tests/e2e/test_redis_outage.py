@@ -151,13 +151,16 @@ def test_a_redis_outage_with_payments_in_flight_ends_every_accepted_booking_trul
         f"{stack.url('payment-api')}/charges",
         json={"amount": 10.0, "currency": "EUR", "payment_token": "tok_visa", "reference": ghost},
         headers={"Idempotency-Key": ghost},
+        auth=stack.provider_auth("payment-api"),
     )
     assert planted.status_code == 201, planted.text
     audit = verify(stack, own_redis)
     assert audit.returncode == 1 and ghost in audit.stdout, audit.stdout + audit.stderr
     payment_id = planted.json()["payment_id"]
     refunded = stack.http.post(
-        f"{stack.url('payment-api')}/charges/{payment_id}/refund", headers={"Idempotency-Key": f"{ghost}:refund"}
+        f"{stack.url('payment-api')}/charges/{payment_id}/refund",
+        headers={"Idempotency-Key": f"{ghost}:refund"},
+        auth=stack.provider_auth("payment-api"),
     )
     assert refunded.status_code == 200, refunded.text  # the money goes back: the audit is clean again
     assert verify(stack, own_redis).returncode == 0

@@ -10,14 +10,16 @@ import httpx
 import pytest
 
 from stack import SERVICES
-from tests.conftest import TEST_ADMIN_TOKEN
+from tests.conftest import TEST_ADMIN_TOKEN, TEST_SERVICE_SECRET
 from tests.procs import HOST, Processes, concierge_command, free_port
+from tests.stack import ProviderAuth
 
 pytestmark = pytest.mark.e2e
 
 STAY = {"hotel_id": "lisbon-02", "checkin": "2033-06-01", "checkout": "2033-06-04", "guests": 3, "reference": "bk-e2e"}
 # ``redis`` (through ``settings_env``) gives the processes the test secret and this admin token
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
+BOOKING_AGENT = ProviderAuth("hotel-api", TEST_SERVICE_SECRET)  # the key hotel-api issued booking-agent
 
 
 @pytest.fixture
@@ -35,7 +37,7 @@ def availability(url: str) -> int:
 def test_reservation_survives_kill_9(procs: Processes) -> None:
     hotel = procs.serve("hotel-api")
     before = availability(hotel.url)
-    held = httpx.post(f"{hotel.url}/reservations", json=STAY, headers={"Idempotency-Key": "e2e-1"})
+    held = httpx.post(f"{hotel.url}/reservations", json=STAY, headers={"Idempotency-Key": "e2e-1"}, auth=BOOKING_AGENT)
     assert held.status_code == 201, held.text
     reservation = held.json()
     assert availability(hotel.url) == before - 2
@@ -46,10 +48,13 @@ def test_reservation_survives_kill_9(procs: Processes) -> None:
         httpx.get(f"{hotel.url}/health")
 
     hotel = procs.serve("hotel-api", port=hotel.port)
-    assert httpx.get(f"{hotel.url}/reservations/{reservation['reservation_id']}").json() == reservation
+    fetched = httpx.get(f"{hotel.url}/reservations/{reservation['reservation_id']}", auth=BOOKING_AGENT)
+    assert fetched.json() == reservation
     assert availability(hotel.url) == before - 2
     # the idempotency record survived too: the same request is answered, not executed again
-    replay = httpx.post(f"{hotel.url}/reservations", json=STAY, headers={"Idempotency-Key": "e2e-1"})
+    replay = httpx.post(
+        f"{hotel.url}/reservations", json=STAY, headers={"Idempotency-Key": "e2e-1"}, auth=BOOKING_AGENT
+    )
     assert (replay.status_code, replay.json()) == (201, reservation)
     assert availability(hotel.url) == before - 2
 

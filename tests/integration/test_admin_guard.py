@@ -1,4 +1,7 @@
-"""The providers' ``/admin`` routes are the operator's: the admin token or 401, and no routes at all without one."""
+"""The providers' ``/admin`` routes are the operator's: the admin token or 401, and no routes at all without one.
+
+The client here presents a client's key on the business routes (``ProviderAuth``) and nothing on ``/admin``
+unless a test sends it."""
 
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ from fastapi import FastAPI
 from infra.settings import get_settings
 from providers import hotel_api, payment_api
 from stack.cli import main
-from tests.conftest import TEST_ADMIN_TOKEN
+from tests.conftest import TEST_ADMIN_TOKEN, TEST_SERVICE_SECRET
 from tests.procs import serve_in_process
+from tests.stack import ProviderAuth
 
 STAY = {"hotel_id": "rome-01", "checkin": "2031-04-01", "checkout": "2031-04-02"}
 # every admin route of both providers, as (provider, method, path, params or body)
@@ -37,7 +41,8 @@ async def provider(name: str) -> AsyncIterator[httpx.AsyncClient]:
     app = APPS[name]()
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url=f"http://{name}") as client:
+        auth = ProviderAuth(name, TEST_SERVICE_SECRET)
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{name}", auth=auth) as client:
             yield client
 
 
@@ -76,7 +81,7 @@ async def test_without_an_admin_token_the_admin_routes_do_not_exist(
             response = await send(client, method, path, data, **headers)
             assert response.status_code == 404, response.text
             assert response.json() == {"detail": "Not Found"}  # what any unknown path answers
-        # the business routes do not care
+        # the business routes do not care (they want a client's key)
         assert (await client.get("/health")).status_code == 200
         if name == "hotel-api":
             assert (await client.get("/hotels/rome-01")).status_code == 200
@@ -102,6 +107,9 @@ async def test_the_token_is_checked_before_the_body_is_read(redis: object) -> No
 async def test_business_routes_need_no_admin_token(redis: object) -> None:
     async with provider("hotel-api") as client:
         assert (await client.get("/hotels", params={"city": "Rome", **STAY, "guests": 1})).status_code == 200
+        # nor does the admin token open them: it reads and faults, a client's key books and charges
+        admin = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
+        assert (await client.get("/hotels/rome-01", headers=admin)).status_code == 401
 
 
 async def test_concierge_fault_presents_the_admin_token(redis: object, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,18 +18,20 @@ from prometheus_client import REGISTRY
 
 from providers import hotel_api
 from providers.inventory import CITIES, HOTELS, hotels_in
-from tests.conftest import TEST_ADMIN_TOKEN
+from tests.conftest import TEST_ADMIN_TOKEN, TEST_SERVICE_SECRET
 from tests.procs import serve_in_process
+from tests.stack import ProviderAuth
 
 CHECKIN, CHECKOUT = "2031-03-10", "2031-03-13"  # three nights
-ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}  # the operator's: /admin needs it (business routes ignore it)
+# booking-agent's key on the business routes, the operator's admin token on /admin
+AUTH = ProviderAuth("hotel-api", TEST_SERVICE_SECRET, TEST_ADMIN_TOKEN)
 
 
 @asynccontextmanager
 async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://hotel-api", headers=ADMIN) as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://hotel-api", auth=AUTH) as client:
             yield client
 
 
@@ -518,7 +520,9 @@ async def test_payment_api_takes_none_of_hotel_apis_faults(redis: object) -> Non
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://payment-api", headers=ADMIN
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://payment-api",
+            auth=ProviderAuth("payment-api", TEST_SERVICE_SECRET, TEST_ADMIN_TOKEN),
         ) as client,
     ):
         response = await client.put("/admin/faults", json={"price_change_pct": 30})
@@ -542,7 +546,7 @@ async def settles(expected: float, within_s: float = 5.0) -> float:
 async def test_hang_holds_until_the_client_gives_up_then_the_handler_exits(redis: object) -> None:
     async with (
         serve_in_process(hotel_api.create_app()) as url,
-        httpx.AsyncClient(base_url=url, headers=ADMIN) as client,
+        httpx.AsyncClient(base_url=url, auth=AUTH) as client,
     ):
         await client.put("/admin/faults", json={"hang": True})
         with pytest.raises(httpx.ReadTimeout):  # held until the client gave up
@@ -555,7 +559,7 @@ async def test_hang_holds_until_the_client_gives_up_then_the_handler_exits(redis
 async def test_a_hanging_request_is_really_held(redis: object) -> None:
     async with (
         serve_in_process(hotel_api.create_app()) as url,
-        httpx.AsyncClient(base_url=url, headers=ADMIN) as client,
+        httpx.AsyncClient(base_url=url, auth=AUTH) as client,
     ):
         await client.put("/admin/faults", json={"hang": True})
         call = asyncio.create_task(client.get("/hotels/rome-01", timeout=10))

@@ -11,9 +11,12 @@ import httpx
 import pytest
 
 from providers import hotel_api, payment_api
-from tests.conftest import TEST_ADMIN_TOKEN
+from tests.conftest import TEST_ADMIN_TOKEN, TEST_SERVICE_SECRET
+from tests.stack import ProviderAuth
 
-ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}  # the operator's: /admin needs it (business routes ignore it)
+# payment-agent's key on the business routes, the operator's admin token on /admin
+AUTH = ProviderAuth("payment-api", TEST_SERVICE_SECRET, TEST_ADMIN_TOKEN)
+HOTEL_AUTH = ProviderAuth("hotel-api", TEST_SERVICE_SECRET)
 
 
 @pytest.fixture
@@ -21,7 +24,7 @@ async def api(redis: object) -> AsyncIterator[httpx.AsyncClient]:
     app = payment_api.create_app()
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://payment-api", headers=ADMIN) as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://payment-api", auth=AUTH) as client:
             yield client
 
 
@@ -172,7 +175,7 @@ async def test_faults_are_per_provider(api: httpx.AsyncClient) -> None:
     hotels = hotel_api.create_app()
     async with hotels.router.lifespan_context(hotels):
         transport = httpx.ASGITransport(app=hotels)
-        async with httpx.AsyncClient(transport=transport, base_url="http://hotel-api") as hotel_client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://hotel-api", auth=HOTEL_AUTH) as hotel_client:
             assert (await hotel_client.get("/hotels/rome-01")).status_code == 200
     await api.delete("/admin/faults")
     assert (await charge(api, charge_body())).status_code == 201

@@ -18,6 +18,7 @@ from infra.clients import (
     NoAvailabilityError,
     PaymentApiClient,
     PaymentDeclinedError,
+    ProviderAuthError,
     ProviderConflictError,
     ProviderError,
     ProviderNotFoundError,
@@ -46,13 +47,13 @@ async def in_process(app: FastAPI, base_url: str) -> AsyncIterator[httpx.AsyncCl
 @pytest.fixture
 async def hotels(redis: object) -> AsyncIterator[HotelApiClient]:
     async with in_process(hotel_api.create_app(), "http://hotel-api") as http:
-        yield HotelApiClient(http=http)
+        yield HotelApiClient(http=http, client="booking-agent")
 
 
 @pytest.fixture
 async def payments(redis: object) -> AsyncIterator[PaymentApiClient]:
     async with in_process(payment_api.create_app(), "http://payment-api") as http:
-        yield PaymentApiClient(http=http)
+        yield PaymentApiClient(http=http, client="payment-agent")
 
 
 async def test_search_reserve_confirm_cancel(hotels: HotelApiClient) -> None:
@@ -164,7 +165,8 @@ def answering(status: int, body: dict[str, Any] | None = None) -> Callable[[http
         (429, None, ProviderUnavailableError),
         (408, None, ProviderUnavailableError),
         (400, {"error": "missing_idempotency_key"}, InvalidProviderRequestError),
-        (401, None, InvalidProviderRequestError),
+        (401, {"error": "unauthorized"}, ProviderAuthError),
+        (403, None, ProviderAuthError),
         (402, {"error": "card_declined"}, PaymentDeclinedError),
         (404, {"error": "charge_not_found"}, ProviderNotFoundError),
         (409, {"error": "no_availability"}, NoAvailabilityError),
@@ -196,7 +198,7 @@ async def test_a_provider_that_is_down_is_unavailable() -> None:
 
 
 async def test_a_hanging_provider_is_given_up_at_the_budget(redis: object) -> None:
-    async with serve_in_process(hotel_api.create_app()) as url, HotelApiClient(url) as client:
+    async with serve_in_process(hotel_api.create_app()) as url, HotelApiClient(url, client="booking-agent") as client:
         await client.set_faults(hang=True)
         started = time.monotonic()
         with budget_scope(0.5), pytest.raises(BudgetExhaustedError) as caught:

@@ -1,4 +1,5 @@
-"""infra.auth: service tokens (mint, verify, reuse), the deployment secret and the admin token."""
+"""infra.auth: service tokens (mint, verify, reuse), the deployment secret, the admin token and the providers'
+client keys."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from infra.auth import (
     LEEWAY_S,
     MAX_TOKEN_LIFETIME_S,
+    PROVIDER_CLIENTS,
+    PROVIDER_KEY_PREFIX,
     REMINT_BEFORE_S,
     TOKEN_TTL_S,
     InvalidServiceTokenError,
@@ -22,7 +25,11 @@ from infra.auth import (
     admin_token,
     admin_token_ok,
     bearer_credentials,
+    derived_provider_key,
+    llm_api_key,
     mint_service_token,
+    provider_api_key,
+    provider_api_key_ok,
     service_secret,
     service_tokens,
     use_service_identity,
@@ -243,3 +250,70 @@ def test_admin_token_ok() -> None:
     assert not admin_token_ok("Basic s3cret", "s3cret")
     assert not admin_token_ok("s3cret", "s3cret")
     assert not admin_token_ok(None, "s3cret")
+
+
+# ---------------------------------------------------------------------------------------------- provider client keys
+
+OTHER_SECRET = "another-deployment-" + "fedcba9876543210" * 2
+
+
+def settings(secret: str | None = SECRET, **env: str) -> Settings:
+    return Settings(**({"CONCIERGE_SERVICE_SECRET": secret} if secret else {}), **env)  # type: ignore[arg-type]
+
+
+def test_each_client_of_each_provider_derives_a_key_of_its_own() -> None:
+    keys = {
+        (provider, client): provider_api_key(provider, client, settings())
+        for provider in PROVIDER_CLIENTS
+        for client in ("booking-agent", "search-agent", "payment-agent")
+    }
+    assert len(set(keys.values())) == len(keys), "no two (provider, client) pairs share a key"
+    assert all(k is not None and k.startswith(PROVIDER_KEY_PREFIX) and SECRET not in k for k in keys.values())
+    assert keys["hotel-api", "booking-agent"] == derived_provider_key(SECRET, "hotel-api", "booking-agent")
+    assert provider_api_key("hotel-api", "booking-agent", settings(OTHER_SECRET)) != keys["hotel-api", "booking-agent"]
+    assert keys["payment-api", "payment-agent"] != llm_api_key(settings())
+
+
+def test_a_provider_takes_its_clients_keys_and_no_other() -> None:
+    config = settings()
+    for provider, clients in PROVIDER_CLIENTS.items():
+        for client in clients:
+            assert provider_api_key_ok(provider, f"Bearer {provider_api_key(provider, client, config)}", config)
+    assert not provider_api_key_ok(
+        "hotel-api", f"Bearer {provider_api_key('hotel-api', 'payment-agent', config)}", config
+    )
+    assert not provider_api_key_ok(
+        "payment-api", f"Bearer {provider_api_key('payment-api', 'booking-agent', config)}", config
+    )
+    hotel_key = provider_api_key("hotel-api", "booking-agent", config)
+    assert not provider_api_key_ok("payment-api", f"Bearer {hotel_key}", config), "another provider's key"
+    other = provider_api_key("hotel-api", "booking-agent", settings(OTHER_SECRET))
+    assert not provider_api_key_ok("hotel-api", f"Bearer {other}", config), "another deployment's key"
+    for header in (None, "", "Bearer ", f"Basic {hotel_key}", str(hotel_key), f"Bearer {hotel_key}x"):
+        assert not provider_api_key_ok("hotel-api", header, config), header
+
+
+def test_a_configured_key_is_the_one_sent_and_the_one_accepted() -> None:
+    config = settings(HOTEL_API_KEY="hk-from-the-provider")
+    assert provider_api_key("hotel-api", "booking-agent", config) == "hk-from-the-provider"
+    assert provider_api_key("hotel-api", "search-agent", config) == "hk-from-the-provider"
+    assert provider_api_key_ok("hotel-api", "Bearer hk-from-the-provider", config)
+    derived = derived_provider_key(SECRET, "hotel-api", "booking-agent")
+    assert not provider_api_key_ok("hotel-api", f"Bearer {derived}", config), "set, it is the only key"
+    # payment-api is not concerned; an empty value (docker-compose passing an unset one through) is no key
+    assert provider_api_key("payment-api", "payment-agent", config) == derived_provider_key(
+        SECRET, "payment-api", "payment-agent"
+    )
+    assert provider_api_key("hotel-api", "booking-agent", settings(HOTEL_API_KEY=" ")) == derived
+
+
+def test_without_a_secret_or_a_client_there_is_no_key_and_nobody_gets_in() -> None:
+    assert provider_api_key("hotel-api", "booking-agent", settings(None)) is None
+    assert not provider_api_key_ok("hotel-api", "Bearer anything", settings(None))
+    assert provider_api_key("hotel-api", None, settings()) is None, "no client named, no service identity"
+    assert provider_api_key("hotel-api", None, settings(None, HOTEL_API_KEY="hk")) == "hk"
+
+
+def test_a_service_presents_its_own_key_by_default(secret_env: pytest.MonkeyPatch) -> None:
+    with use_service_identity("search-agent"):
+        assert provider_api_key("hotel-api") == derived_provider_key(SECRET, "hotel-api", "search-agent")
