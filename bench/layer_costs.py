@@ -80,6 +80,8 @@ class Variant:
     edits: tuple[Edit, ...]
     switched: tuple[Edit, ...] | None = None
     """``--one-stack``: the same layer put behind ``bench_switch.OFF`` in the copy instead of cut out of it."""
+    in_all: bool = True
+    """Taken out by ``all`` too (the server's bounds are not: ``all`` prices the booking path's own layers)."""
 
 
 SWITCH_MODULE = '''"""Written into the bench's copy only (bench/layer_costs.py --one-stack): one stack runs with and without a layer.
@@ -314,6 +316,13 @@ VARIANTS: tuple[Variant, ...] = (
             _reads_switch("runs/runner.py"),
         ),
     ),
+    Variant(
+        "server-bounds",
+        "the HTTP server's bounds (h11 with a header deadline and a 32 KiB header cap → uvicorn's httptools, "
+        "which bounds neither; two stacks only: a process's server cannot be switched)",
+        (Edit("infra/service/server.py", '"http": _protocol(settings),', '"http": "httptools",'),),
+        in_all=False,
+    ),
 )
 ALL = "all"
 CONTROL = "control"
@@ -322,7 +331,7 @@ CONTROL = "control"
 
 def variant_edits(name: str) -> tuple[Edit, ...]:
     if name == ALL:
-        return tuple(edit for variant in VARIANTS for edit in variant.edits)
+        return tuple(edit for variant in VARIANTS if variant.in_all for edit in variant.edits)
     if name == CONTROL:
         return ()
     return next(v.edits for v in VARIANTS if v.name == name)
@@ -333,7 +342,7 @@ def switched_edits(name: str) -> tuple[Edit, ...]:
     if name == CONTROL:
         return ()
     if name == ALL:  # a file two layers edit reads the switch once
-        return tuple(dict.fromkeys(edit for variant in VARIANTS for edit in variant.switched or ()))
+        return tuple(dict.fromkeys(edit for v in VARIANTS if v.in_all for edit in v.switched or ()))
     edits = next((v.switched for v in VARIANTS if v.name == name), None)
     if edits is None:
         raise SystemExit(f"--one-stack: variant {name!r} has no switched form; run it on two stacks")

@@ -327,6 +327,10 @@ class ErrorCode(StrEnum):
     HOST_NOT_ALLOWED = "host_not_allowed"
     """The request's ``Host`` is not a name of this service (a DNS-rebinding page, or a name to allow)."""
     BODY_TOO_LARGE = "body_too_large"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    """The request line and headers are over 32 KiB: refused before more of them was read."""
+    REQUEST_TIMEOUT = "request_timeout"
+    """The request's headers or body did not arrive in time (``HEADER_READ_TIMEOUT_S``, ``BODY_READ_TIMEOUT_S``)."""
     UNAUTHENTICATED = "unauthenticated"
     """A public route without a person's bearer token (``WWW-Authenticate: Bearer``)."""
     INVALID_TOKEN = "invalid_token"
@@ -400,6 +404,8 @@ _HTTP_STATUS: Final = {
     ErrorCode.INVALID_HEADER: 400,
     ErrorCode.HOST_NOT_ALLOWED: 421,
     ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.HEADERS_TOO_LARGE: 431,
+    ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.UNAUTHENTICATED: 401,
     ErrorCode.INVALID_TOKEN: 401,
     ErrorCode.QUOTA_EXCEEDED: 429,

@@ -79,6 +79,32 @@ class Settings(BaseSettings):
     # young-generation threshold of the garbage collector (infra/gc_tuning.py); 0 keeps CPython's default
     gc_gen0_threshold: int = Field(20_000, validation_alias="CONCIERGE_GC_GEN0_THRESHOLD", ge=0)
 
+    # what one client can hold of a service (infra/service/server.py; docs/people.md)
+    header_read_timeout_s: float = Field(
+        10.0,
+        validation_alias="HEADER_READ_TIMEOUT_S",
+        gt=0,
+        description="A request's line and headers must arrive within this; then 408 and the connection closed.",
+    )
+    body_read_timeout_s: float = Field(
+        30.0,
+        validation_alias="BODY_READ_TIMEOUT_S",
+        gt=0,
+        description="A request's body must arrive within this of its headers; then 408 and the connection closed.",
+    )
+    server_max_connections: int = Field(
+        1000,
+        validation_alias="SERVER_MAX_CONNECTIONS",
+        ge=1,
+        description="Connections (or requests in flight) a service holds at once; beyond them a request gets 503.",
+    )
+    keep_alive_idle_s: int = Field(
+        5,
+        validation_alias="KEEP_ALIVE_IDLE_S",
+        ge=1,
+        description="An idle keep-alive connection is closed after this many seconds.",
+    )
+
     # timeout budget
     default_budget_s: float = Field(30.0, validation_alias="CONCIERGE_DEFAULT_BUDGET_S", gt=0)
     max_budget_s: float = Field(120.0, validation_alias="CONCIERGE_MAX_BUDGET_S", gt=0)

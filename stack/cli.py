@@ -95,14 +95,12 @@ def _serve(args: argparse.Namespace) -> int:
     except MissingSecretError as exc:
         print(f"concierge serve {spec.name}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    import uvicorn  # only this command needs it
+    from infra.service.server import run_server  # only this command serves
 
-    # uvicorn turns SIGTERM/SIGINT into a graceful stop that runs the lifespan shutdown.
-    uvicorn.run(
+    run_server(
         spec.app,
         host=args.host,
         port=args.port or spec.port,
-        lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         log_level=args.log_level,
         access_log=get_settings().access_log if args.access_log is None else args.access_log,

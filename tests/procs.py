@@ -47,6 +47,8 @@ from typing import Any, Self
 import httpx
 import uvicorn
 
+from infra.service.server import server_options
+
 __all__ = [
     "Processes",
     "ServiceNotReadyError",
@@ -152,11 +154,11 @@ def concierge_env(data_dir: Path, redis_url: str, *, prefix: str, **settings: st
 
 
 def uvicorn_command(app: str, *, factory: bool = False, access_log: bool = True) -> list[str]:
-    """``python -m uvicorn <module:app>`` on ``HOST`` (no port), ``app`` imported from the repository root.
+    """``python -m infra.service.server <module:app>`` on ``HOST`` (no port), ``app`` imported from the repository root.
 
-    This interpreter's uvicorn, with its defaults (uvloop and httptools when installed), as the services run.
+    The server every service runs on, with its bounds (infra/service/server.py), as ``concierge serve`` starts it.
     """
-    argv = [sys.executable, "-m", "uvicorn", app, "--app-dir", str(REPO_ROOT), "--host", HOST, "--lifespan", "on"]
+    argv = [sys.executable, "-m", "infra.service.server", app, "--app-dir", str(REPO_ROOT), "--host", HOST]
     if factory:
         argv.append("--factory")
     if not access_log:
@@ -330,7 +332,7 @@ class Processes:
         wait: bool = True,
         timeout: float = READY_TIMEOUT_S,
     ) -> ServiceProcess:
-        """``python -m uvicorn <module:app> --port <port>`` for an app not in the service table.
+        """``python -m infra.service.server <module:app> --port <port>`` for an app not in the service table.
 
         ``app`` is imported from the repository root (``--app-dir``), whatever the working directory:
         ``tests.some_module:app`` or ``bench._stack:hop_front_app`` (``factory=True``: a function returning the app).
@@ -364,7 +366,7 @@ def _kill_leftovers() -> None:
 async def serve_in_process(app: Any, *, port: int | None = None) -> AsyncIterator[str]:
     """Run an ASGI app under uvicorn in this event loop (lifespan on); yields its base URL."""
     # log_config=None: uvicorn leaves logging alone (its handlers would keep a stale captured stderr)
-    config = uvicorn.Config(app, host=HOST, port=port or free_port(), lifespan="on", log_config=None)
+    config = uvicorn.Config(app, host=HOST, port=port or free_port(), log_config=None, **server_options())
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
@@ -386,7 +388,9 @@ async def serve_in_process(app: Any, *, port: int | None = None) -> AsyncIterato
 @contextlib.contextmanager
 def serve_in_thread(app: Any, *, port: int | None = None, timeout: float = READY_TIMEOUT_S) -> Iterator[str]:
     """``serve_in_process`` for synchronous callers: uvicorn in a daemon thread with its own event loop."""
-    config = uvicorn.Config(app, host=HOST, port=port or free_port(), lifespan="on", log_config=None, access_log=False)
+    config = uvicorn.Config(
+        app, host=HOST, port=port or free_port(), log_config=None, access_log=False, **server_options()
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{config.port}", daemon=True)
     thread.start()

@@ -7,6 +7,7 @@ endpoint because everything runs in the request's own task.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -33,6 +34,8 @@ from resilience import (
 logger = logging.getLogger("infra.service")  # one logger for the whole shell
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 32 * 1024
+"""The request line and headers together; a browser's largest are a few KiB (cookies included)."""
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -141,24 +144,46 @@ class HostCheckMiddleware:
         )
 
 
-class _BodyTooLargeError(Exception):
+class _BodyRefusedError(Exception):
     """Raised from ``receive`` to stop an app that is still reading a body we already refused."""
 
 
-class BodyLimitMiddleware:
-    """413 for bodies over ``max_bytes``: by ``Content-Length`` before reading, and by counting streamed bytes.
+def _header_block_size(scope: Scope) -> int:
+    """The request line and headers as they came, give or take the separators."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+    return size + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ()))
 
-    A chunked body has no length up front, so the count is kept in ``receive``. Once it passes the limit,
-    ``receive`` raises, whatever the app answers is dropped, and the 413 is sent instead.
+
+class BodyLimitMiddleware:
+    """What a request may send: headers up to ``MAX_HEADER_BYTES`` (431), a body up to ``max_bytes`` (413) that
+    arrives within ``read_timeout_s`` of its headers (408, the connection closed).
+
+    The server refuses a header block too large before buffering it (infra/service/server.py); this is the exact
+    check, for one that arrived whole. A chunked body has no length up front, so its count is kept in ``receive``;
+    once it passes the limit or its deadline, ``receive`` raises, whatever the app answers is dropped, and the
+    refusal is sent instead.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, read_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout_s = read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if _header_block_size(scope) > MAX_HEADER_BYTES:
+            await _send_json(
+                send,
+                431,
+                error_body(
+                    ErrorCode.HEADERS_TOO_LARGE,
+                    f"the request line and headers exceed {MAX_HEADER_BYTES} bytes",
+                    limit=MAX_HEADER_BYTES,
+                ),
+                [(b"connection", b"close")],
+            )
             return
         declared = _header(scope, b"content-length")
         if declared is not None:
@@ -171,35 +196,54 @@ class BodyLimitMiddleware:
                 await self._refuse(send)
                 return
 
+        timeout_s = self.read_timeout_s if self.read_timeout_s is not None else get_settings().body_read_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
         received = 0
-        too_large = False
+        body_done = False
+        refused: str | None = None  # "size" or "time"
         started = False
 
-        async def counting_receive() -> Message:
-            nonlocal received, too_large
-            message = await receive()
+        async def bounded_receive() -> Message:
+            nonlocal received, body_done, refused
+            if body_done:
+                return await receive()  # after the body: the wait for a disconnect has no deadline
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                refused = "time"
+                raise _BodyRefusedError from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.max_bytes:
-                    too_large = True
-                    raise _BodyTooLargeError
+                    refused = "size"
+                    raise _BodyRefusedError
             return message
 
         async def guarded_send(message: Message) -> None:
             nonlocal started
-            if too_large and not started:
+            if refused is not None and not started:
                 return  # the app's answer to a body we refused
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, guarded_send)
+            await self.app(scope, bounded_receive, guarded_send)
         except Exception:
-            if not too_large or started:
+            if refused is None or started:
                 raise
-        if too_large and not started:
-            await self._refuse(send)
+        if refused is not None and not started:
+            if refused == "size":
+                await self._refuse(send)
+            else:
+                await _send_json(
+                    send,
+                    408,
+                    error_body(ErrorCode.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s"),
+                    [(b"connection", b"close")],
+                )
 
     async def _refuse(self, send: Send) -> None:
         await _send_json(

@@ -30,7 +30,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import validation_error_definition, validation_error_response_definition
 
 from domain.booking import ErrorCode
-from infra.service.middleware import MAX_BODY_BYTES
+from infra.service.middleware import MAX_BODY_BYTES, MAX_HEADER_BYTES
 from resilience import BUDGET_HEADER
 
 __all__ = [
@@ -218,6 +218,12 @@ _BODY_400 = detail(
 )
 SHELL_ANSWERS: tuple[Answer, ...] = (
     _BUDGET_400,
+    error(
+        408,
+        ErrorCode.REQUEST_TIMEOUT,
+        description="The body did not arrive within `BODY_READ_TIMEOUT_S` of the headers (or the headers within "
+        "`HEADER_READ_TIMEOUT_S`): the connection is closed.",
+    ),
     error(413, ErrorCode.BODY_TOO_LARGE, description=f"The request body is over {MAX_BODY_BYTES} bytes."),
     error(
         421,
@@ -225,6 +231,11 @@ SHELL_ANSWERS: tuple[Answer, ...] = (
         description="The request's `Host` is not a name of this service, so nothing ran: every service answers "
         "loopback names, IP addresses, its own name, the hosts of the deployment's `*_URL` settings and "
         "`CONCIERGE_ALLOWED_HOSTS`; a page on another domain (DNS rebinding) cannot reach it through a browser.",
+    ),
+    error(
+        431,
+        ErrorCode.HEADERS_TOO_LARGE,
+        description=f"The request line and headers are over {MAX_HEADER_BYTES} bytes: the connection is closed.",
     ),
     error(500, ErrorCode.INTERNAL, description="A bug: logged with its traceback; the body says nothing more."),
     error(
