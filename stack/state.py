@@ -240,7 +240,10 @@ def read_secrets(paths: StackPaths) -> StackSecrets | None:
     except FileNotFoundError:
         return None
     try:
-        return StackSecrets(**json.loads(raw))
+        values = json.loads(raw)
+        if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+            raise ValueError("expected an object of strings")
+        return StackSecrets(**values)
     except (ValueError, TypeError) as exc:
         raise StackError(f"{paths.secrets_file} is unreadable ({exc}); `concierge up` writes a new one") from exc
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stack.errors import StackError
+from stack.layout import plan_instances
 from stack.redis_server import (
     RedisPlan,
     check_redis_password,
@@ -23,6 +24,7 @@ from stack.redis_server import (
     url_with_password,
 )
 from stack.state import RedisState, StackPaths, StackSecrets, StackState, read_secrets, write_secrets
+from stack.supervisor import Supervisor, SupervisorConfig
 from stack.target import stack_redis_url
 from stack.up import _previous_secrets
 
@@ -75,10 +77,16 @@ def test_an_older_secrets_file_without_a_redis_password_still_reads_and_up_makes
     assert StackSecrets.from_env_or_new({}, previous=again).redis_password == made.redis_password
 
 
-def test_an_unreadable_secrets_file_is_replaced_by_up_not_fatal(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "text", ["{not json", '["a"]', '{"service_secret": "s", "admin_token": "a", "redis_password": 5}']
+)
+def test_an_unreadable_secrets_file_is_one_line_for_a_command_and_replaced_by_up(tmp_path: Path, text: str) -> None:
     paths = StackPaths.at(tmp_path)
     paths.root.mkdir(parents=True, exist_ok=True)
-    paths.secrets_file.write_text("{not json")
+    paths.secrets_file.write_text(text)
+    with pytest.raises(StackError, match="unreadable") as refused:
+        read_secrets(paths)
+    assert "\n" not in str(refused.value)
     assert _previous_secrets(paths) is None
 
 
@@ -133,6 +141,38 @@ async def test_up_plans_its_own_server_with_the_password_and_leaves_the_configur
     assert plain.own and "@" not in plain.url and plain.password == ""
     with pytest.raises(StackError, match="unusable"):
         await plan_redis(f"redis://127.0.0.1:{_unreachable_port()}/0", "a b")
+
+
+async def test_the_supervisor_hands_our_redis_server_its_password_on_stdin_and_the_services_in_redis_url(
+    tmp_path: Path,
+) -> None:
+    plan = RedisPlan(
+        url=f"redis://:{PASSWORD}@127.0.0.1:6390/0",
+        own=True,
+        executable="/usr/bin/redis-server",
+        port=6390,
+        password=PASSWORD,
+    )
+    stack_secrets = StackSecrets("s" * 64, "a" * 32, "k", PASSWORD)
+    config = SupervisorConfig(
+        paths=StackPaths.at(tmp_path),
+        instances=plan_instances(),
+        redis=plan,
+        command=("concierge",),
+        base_env={},
+        secrets=stack_secrets,
+    )
+    supervisor = Supervisor(config)
+    try:
+        child = supervisor.redis_child
+        assert child is not None and child.stdin == f"requirepass {PASSWORD}\n".encode()
+        assert PASSWORD not in " ".join(child.argv)
+        assert all(PASSWORD not in " ".join(c.argv) for c in supervisor.children)
+        assert all(c.env["REDIS_URL"] == plan.url for c in supervisor.children)
+        snapshot = json.dumps(supervisor.snapshot().to_json())
+        assert PASSWORD not in snapshot and "redis://:***@127.0.0.1:6390/0" in snapshot
+    finally:
+        await supervisor._http.aclose()
 
 
 # ------------------------------------------------------------------------------------------- the resolver
