@@ -532,9 +532,9 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        child.proc = proc  # first: a cancellation during the hand-over must not leave a process nobody knows
         if proc.stdin is not None:
             await _hand_over(proc.stdin, child.stdin or b"")
-        child.proc = proc
         child.started_at = time.time()
         child.started_mono = time.monotonic()
         child.status = "starting"
