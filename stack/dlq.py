@@ -32,6 +32,7 @@ from infra.settings import get_settings
 from recovery.queue import DeadLetterQueue, DLQEntry, RecoveryQueue
 from runs.errors import RunStoreError
 from runs.leases import RunStore
+from stack.errors import StackError
 from stack.target import adopt_stack_redis
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def redis_command(name: str, command: Command) -> Callable[[argparse.Namespace],
     def handle(args: argparse.Namespace) -> int:
         try:
             return asyncio.run(_with_redis(command, args))
-        except CommandError as exc:
+        except (CommandError, StackError) as exc:
             return _fail(name, str(exc))
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())

@@ -3,8 +3,8 @@
 ::
 
     <data dir>/stack.json          the snapshot below, replaced atomically on every change (mode 0600)
-    <data dir>/secrets.json        the stack's secrets (``StackSecrets``: service secret, admin token, model API key),
-                                   mode 0600
+    <data dir>/secrets.json        the stack's secrets (``StackSecrets``: service secret, admin token, model API key,
+                                   the password of the Redis ``up`` starts itself), mode 0600
     <data dir>/supervisor.lock     flock'ed by the live supervisor: two ``up`` never share a data directory
     <data dir>/supervisor.sock     the control socket (``kill``, ``stop``, ``status``, ``down``...)
     <data dir>/logs/<name>.log     one log per instance (restarts append), supervisor.log for the supervisor
@@ -163,16 +163,18 @@ class StackState:
 @dataclass(frozen=True)
 class StackSecrets:
     """What ``up`` hands every service it runs: ``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN`` and
-    ``LLM_API_KEY`` (the key llm-api takes and the concierge sends).
+    ``LLM_API_KEY`` (the key llm-api takes and the concierge sends), and the password of its own Redis.
 
     Taken from the environment when set there (an operator's choice), generated otherwise: a stack never runs on a
     value anyone else knows. ``llm_api_key`` is empty in a file written before it existed: the services then derive
-    one (``infra.auth.llm_api_key``).
+    one (``infra.auth.llm_api_key``). ``redis_password`` is made once per data directory (``up`` keeps the one it
+    finds here); empty in an older file, whose stack's Redis has none, until the next ``up`` makes one.
     """
 
     service_secret: str
     admin_token: str
     llm_api_key: str = ""
+    redis_password: str = ""
 
     @classmethod
     def generate(cls) -> StackSecrets:
@@ -180,18 +182,22 @@ class StackSecrets:
             service_secret=secrets.token_hex(32),
             admin_token=secrets.token_urlsafe(32),
             llm_api_key=f"sk-stack-{secrets.token_urlsafe(32)}",
+            redis_password=secrets.token_urlsafe(32),
         )
 
     @classmethod
-    def from_env_or_new(cls, env: Mapping[str, str]) -> StackSecrets:
+    def from_env_or_new(cls, env: Mapping[str, str], previous: StackSecrets | None = None) -> StackSecrets:
+        """The environment's secrets, else new ones; the Redis password of ``previous`` (this data directory's) kept."""
         new = cls.generate()
         return cls(
             service_secret=env.get("CONCIERGE_SERVICE_SECRET") or new.service_secret,
             admin_token=env.get("CONCIERGE_ADMIN_TOKEN") or new.admin_token,
             llm_api_key=env.get("LLM_API_KEY") or new.llm_api_key,
+            redis_password=(previous.redis_password if previous is not None else "") or new.redis_password,
         )
 
     def env(self) -> dict[str, str]:
+        """The service-facing secrets; the Redis password reaches a service inside its ``REDIS_URL`` only."""
         env = {"CONCIERGE_SERVICE_SECRET": self.service_secret, "CONCIERGE_ADMIN_TOKEN": self.admin_token}
         if self.llm_api_key:
             env["LLM_API_KEY"] = self.llm_api_key
@@ -228,13 +234,16 @@ def write_secrets(paths: StackPaths, stack_secrets: StackSecrets) -> None:
 
 
 def read_secrets(paths: StackPaths) -> StackSecrets | None:
-    """The secrets of the stack last started here, or None when there are none."""
+    """The secrets of the stack last started here, or None when there are none (an older file: no Redis password)."""
     try:
         raw = paths.secrets_file.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     try:
-        return StackSecrets(**json.loads(raw))
+        values = json.loads(raw)
+        if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+            raise ValueError("expected an object of strings")
+        return StackSecrets(**values)
     except (ValueError, TypeError) as exc:
         raise StackError(f"{paths.secrets_file} is unreadable ({exc}); `concierge up` writes a new one") from exc
 

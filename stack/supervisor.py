@@ -45,7 +45,7 @@ from stack.control import MAX_MESSAGE_BYTES, decode, encode
 from stack.errors import ControlError, PortInUseError, StackAlreadyRunningError, StackError, StartupError
 from stack.layout import Front, Instance, connect_host, select_instances
 from stack.logstream import LogStreamer, last_line
-from stack.redis_server import RedisPlan, redact, redis_reachable, redis_server_argv
+from stack.redis_server import RedisPlan, redact, redis_reachable, redis_server_argv, redis_server_config
 from stack.services import SERVICES, UnknownServiceError
 from stack.state import InstanceState, RedisState, StackPaths, StackSecrets, StackState, write_secrets, write_state
 
@@ -152,9 +152,12 @@ class _Child:
         probe: Callable[[], Awaitable[bool]],
         instance: Instance | None = None,
         url: str = "",
+        stdin: bytes | None = None,
     ) -> None:
         self.name = name
         self.url = url
+        self.stdin = stdin
+        """Written to each process's stdin, then closed (our redis-server's config: what no argv may show)."""
         self.argv = list(argv)
         self.env = dict(env)
         self.log_path = log_path
@@ -194,6 +197,16 @@ class _Child:
             started_at=self.started_at if self.pid is not None else None,
             last_exit=self.last_exit,
         )
+
+
+async def _hand_over(stdin: asyncio.StreamWriter, data: bytes) -> None:
+    """``data`` to a new child's stdin, then EOF; a child that died first is the supervision loop's to report."""
+    with contextlib.suppress(ConnectionError):
+        stdin.write(data)
+        await stdin.drain()
+    stdin.close()
+    with contextlib.suppress(ConnectionError):
+        await stdin.wait_closed()
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -254,11 +267,12 @@ class Supervisor:
         plan = self.config.redis
         assert plan.executable is not None and plan.port is not None
         argv = redis_server_argv(plan.executable, plan.port, self.paths.redis_dir)
+        config = redis_server_config(plan.password)
 
         async def ready() -> bool:
             return await redis_reachable(plan.url, within_s=PROBE_TIMEOUT_S)
 
-        return _Child("redis", argv, env, self.paths.log_file("redis"), ready)
+        return _Child("redis", argv, env, self.paths.log_file("redis"), ready, stdin=config)
 
     def _ports_up(self, service: str) -> Callable[[], list[int]]:
         """The ports of ``service``'s replicas that are up now (what its front hands connections to)."""
@@ -513,12 +527,14 @@ class Supervisor:
             proc = await asyncio.create_subprocess_exec(
                 *child.argv,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if child.stdin is None else subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        child.proc = proc
+        child.proc = proc  # first: a cancellation during the hand-over must not leave a process nobody knows
+        if proc.stdin is not None:
+            await _hand_over(proc.stdin, child.stdin or b"")
         child.started_at = time.time()
         child.started_mono = time.monotonic()
         child.status = "starting"

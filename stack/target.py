@@ -3,11 +3,15 @@ unless the environment names another (``REDIS_URL``, ``HOTEL_API_URL``, ``CONCIE
 
 ``concierge dlq``, ``recovery status``, ``verify`` and ``fault`` used to read only the environment, so in a shell
 without ``REDIS_URL`` they looked at the default Redis and reported an empty DLQ while the running stack's held runs.
+The Redis ``up`` starts itself requires the password in ``secrets.json``: ``stack_redis_url`` is the one place a
+command gets a URL that carries it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -16,9 +20,20 @@ from infra.settings import get_settings
 from stack.console import stack_paths
 from stack.control import supervisor_running
 from stack.errors import StackError
-from stack.state import StackState, read_secrets, read_state
+from stack.redis_server import url_with_password
+from stack.state import StackSecrets, StackState, read_secrets, read_state
 
-__all__ = ["admin_token", "adopt_stack_redis", "provider_url", "refusal", "running_stack", "service_urls"]
+__all__ = [
+    "admin_token",
+    "adopt_stack_redis",
+    "provider_url",
+    "refusal",
+    "running_stack",
+    "service_urls",
+    "stack_redis_url",
+]
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def running_stack() -> StackState | None:
@@ -27,18 +42,56 @@ def running_stack() -> StackState | None:
     return read_state(paths) if supervisor_running(paths) else None
 
 
-def adopt_stack_redis() -> str | None:
-    """Point this process's settings at the running stack's Redis and key prefix when ``REDIS_URL`` is unset.
+def stack_redis_url(state: StackState, stack_secrets: StackSecrets | None, env: Mapping[str, str]) -> str | None:
+    """The URL a command on this machine should use for the stack in ``state``, or None when ``env`` stands.
 
-    Returns where they came from (for messages), or None when the environment (or the defaults) stand. A stack whose
-    Redis URL carried a password is recorded redacted: then ``REDIS_URL`` must be given.
+    ``REDIS_URL`` unset, or naming the server ``up`` started itself (same loopback port, no password of its own):
+    the stack's Redis, with the password from ``secrets.json`` when ours has one. A URL recorded redacted that is not
+    ours needs ``REDIS_URL``: its password is the operator's, never kept here.
     """
-    if "REDIS_URL" in os.environ:
+    recorded = state.redis.url
+    password = stack_secrets.redis_password if stack_secrets is not None and state.redis.own else ""
+    if password:
+        url = url_with_password(recorded, password)
+    elif "***" in recorded:
         return None
+    else:
+        url = recorded
+    configured = env.get("REDIS_URL")
+    if configured is None or (state.redis.own and _same_server(configured, state.redis.port)):
+        return url
+    return None
+
+
+def _same_server(url: str, port: int | None) -> bool:
+    """``url`` points at the loopback ``port`` with no credentials: the own Redis, as the user configured it."""
+    try:
+        parts = urlsplit(url)
+        return (
+            parts.scheme == "redis"
+            and (parts.hostname or "") in _LOOPBACK
+            and (parts.port or 6379) == port
+            and not parts.password
+            and not parts.username
+        )
+    except ValueError:
+        return False  # a port out of range, say: not ours; the settings will name what is wrong with it
+
+
+def adopt_stack_redis() -> str | None:
+    """Point this process's settings at the running stack's Redis (``stack_redis_url``) and key prefix.
+
+    Returns where they came from (for messages), or None when the environment (or the defaults) stand. Every command
+    that talks to the stack's Redis calls this first: without it, one would get NOAUTH from ours.
+    """
     state = running_stack()
-    if state is None or "***" in state.redis.url:
+    if state is None:
         return None
-    os.environ["REDIS_URL"] = state.redis.url
+    stack_secrets = read_secrets(stack_paths()) if state.redis.own else None
+    url = stack_redis_url(state, stack_secrets, os.environ)
+    if url is None:
+        return None
+    os.environ["REDIS_URL"] = url
     if state.key_prefix and "CONCIERGE_KEY_PREFIX" not in os.environ:
         os.environ["CONCIERGE_KEY_PREFIX"] = state.key_prefix
     get_settings.cache_clear()

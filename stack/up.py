@@ -10,7 +10,9 @@ one line and exit 1, with nothing left running. ``--detach`` forks the same supe
 
 The stack's secrets (``CONCIERGE_SERVICE_SECRET``, ``CONCIERGE_ADMIN_TOKEN``, ``LLM_API_KEY``) come from the
 environment when set there and are generated otherwise; the supervisor hands them to every service and keeps them
-in ``<data dir>/secrets.json`` (0600) for the commands that need them.
+in ``<data dir>/secrets.json`` (0600) for the commands that need them. The Redis ``up`` starts itself requires a
+password made once per data directory and kept there too: the services find it in their ``REDIS_URL``, the
+commands through ``stack.target``; no command line, log or ``stack.json`` shows it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from stack.console import (
     stack_paths,
 )
 from stack.control import supervisor_running
-from stack.errors import PortInUseError, StackAlreadyRunningError, StartupError
+from stack.errors import PortInUseError, StackAlreadyRunningError, StackError, StartupError
 from stack.layout import Front, Instance, parse_assignments, plan_fronts, plan_instances
 from stack.logstream import last_line
 from stack.people import local_issuer
@@ -139,7 +141,8 @@ async def _config(
     echo_logs: bool,
 ) -> SupervisorConfig:
     settings = get_settings()
-    redis = await plan_redis(settings.redis_url)
+    stack_secrets = StackSecrets.from_env_or_new(os.environ, previous=_previous_secrets(paths))
+    redis = await plan_redis(settings.redis_url, stack_secrets.redis_password)
     if settings.database_url:
         checkpointer = f"postgres {redact(settings.database_url)}"
     else:
@@ -155,9 +158,17 @@ async def _config(
         ready_timeout_s=args.timeout,
         echo_logs=echo_logs,
         checkpointer=checkpointer,
-        secrets=StackSecrets.from_env_or_new(os.environ),
+        secrets=stack_secrets,
         fronts=fronts,
     )
+
+
+def _previous_secrets(paths: StackPaths) -> StackSecrets | None:
+    """This data directory's secrets, for the Redis password made once here; an unreadable file is replaced."""
+    try:
+        return read_secrets(paths)
+    except StackError:
+        return None
 
 
 def _with_people(env: dict[str, str]) -> dict[str, str]:

@@ -59,14 +59,17 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 
 def plant(env: dict[str, str], how: str) -> str:
-    """A booking in the stack's Redis, written with the stack's settings: in flight forever, or confirmed falsely."""
+    """A booking in the stack's Redis, written with the stack's settings (its password found as every command finds
+    it, ``stack.target.adopt_stack_redis``): in flight forever, or confirmed falsely."""
     booking_id = f"planted{uuid.uuid4().hex[:12]}"
     script = (
         "import asyncio, sys\n"
         "from domain.booking import BookingStatus\n"
         "from infra.bookings import BookingStore\n"
         "from infra.redis import create_redis\n"
+        "from stack.target import adopt_stack_redis\n"
         "async def main(booking_id, how):\n"
+        "    adopt_stack_redis()\n"
         "    redis = create_redis()\n"
         "    store = BookingStore(redis)\n"
         "    request = {'city': 'Lisbon', 'checkin': '2030-01-10', 'checkout': '2030-01-11', 'guests': 1}\n"
@@ -91,7 +94,9 @@ def unplant(env: dict[str, str], booking_id: str) -> None:
         "from infra.bookings import BookingStore\n"
         "from infra.booking_keys import booking_key\n"
         "from infra.redis import create_redis\n"
+        "from stack.target import adopt_stack_redis\n"
         "async def main(booking_id):\n"
+        "    adopt_stack_redis()\n"
         "    redis = create_redis()\n"
         "    await BookingStore(redis).finalize(booking_id, BookingStatus.CANCELLED)\n"
         "    await redis.delete(booking_key(booking_id))\n"
