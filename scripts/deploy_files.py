@@ -435,13 +435,14 @@ def write(files: Iterable[DeployFile], root: Path = REPO) -> list[str]:
     return changed
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path = REPO, services: Mapping[str, ServiceSpec] = SERVICES) -> int:
+    """``root``, ``services``: another copy of the files and of the table (the tests')."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is stale")
     args = parser.parse_args(argv)
-    read = reader()
+    read = reader(root)
     try:
-        files = render(SERVICES, read, generated_k8s())
+        files = render(services, read, generated_k8s(root))
     except TableError as exc:
         print(f"stack/services.py: {exc}", file=sys.stderr)
         return 2
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr if lines else sys.stdout,
         )
         return 1 if lines else 0
-    for path in write(files):
+    for path in write(files, root):
         print(f"wrote {path}")
     return 0
 
