@@ -47,7 +47,8 @@ class DeployFile:
 
 
 class TableError(ValueError):
-    """The table names what it cannot deploy (a peer that is not a deployed row)."""
+    """The table names what it cannot deploy (a peer that is not a deployed row above it, a port or URL variable twice),
+    or a file lacks the part the table writes."""
 
 
 # ------------------------------------------------------------------------------------------------ splicing
@@ -93,12 +94,13 @@ def splice_chunks(text: str, generated_name: Callable[[str], str | None], chunks
         name = generated_name(chunk)
         if name is None:
             raise TableError(f"a hand-written block among the generated ones: {chunk.splitlines()[0]!r}")
-        comments[name] = [line for line in _leading(chunk.split("\n"), lambda line: line.lstrip().startswith("#"))]
+        comments[name] = _leading(chunk.split("\n"), lambda line: line.lstrip().startswith("#"))
     run = ["\n".join([*comments.get(name, []), body]) for name, body in chunks]
     return "\n\n".join([*old[:first], *run, *old[last + 1 :]])
 
 
 def _leading(lines: Iterable[str], keep: Callable[[str], bool]) -> list[str]:
+    """The lines before the first that ``keep`` refuses."""
     out = []
     for line in lines:
         if not keep(line):
@@ -356,8 +358,8 @@ def validate(services: Mapping[str, ServiceSpec]) -> None:
                 raise TableError(f"{spec.name} depends on {peer!r}, not a deployed row above it in the table")
     for attribute in ("port", "url_env"):
         values = [getattr(spec, attribute) for spec in services.values()]
-        if len(values) != len(set(values)):
-            raise TableError(f"two rows share a {attribute}: {sorted(values)}")
+        if twice := sorted({value for value in values if values.count(value) > 1}):
+            raise TableError(f"two rows share a {attribute}: {', '.join(map(str, twice))}")
 
 
 def known_names(services: Mapping[str, ServiceSpec], read: Read) -> set[str]:
