@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock compose-check api-check test test-model test-resolutions lint bench up chaos console-screenshot clean
+.PHONY: install lock deploy-files compose-check api-check test test-model test-resolutions lint bench up chaos console-screenshot clean
 
 # Installs requirements-dev.lock exactly (hashes checked; packages not in it removed): uv from its pin there (pip),
 # then uv for the rest, then the project itself, editable. Refuses a lock that pyproject.toml has moved away from.
@@ -28,6 +28,11 @@ lock:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python scripts/lock.py ensure-uv $(VENV)
 	$(BIN)/python scripts/lock.py compile $(LOCK_ARGS)
+
+# Rewrites the service-derived parts of docker-compose.yml, scripts/compose.check.yml, deploy/k8s/base and the
+# Prometheus config from the service table (scripts/deploy_files.py); make lint checks that they are up to date.
+deploy-files: $(STAMP)
+	$(BIN)/python scripts/deploy_files.py
 
 # The stack of docker-compose.yml in containers, killed and stopped mid-booking (scripts/compose_check.py; root and
 # podman, or COMPOSE_CHECK_ARGS=--engine=docker).
@@ -68,6 +73,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_wallclock.py tests
+	$(BIN)/python scripts/deploy_files.py --check
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.resilience_overhead

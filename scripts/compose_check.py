@@ -71,6 +71,10 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stack.services import DEPLOYED
+
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "scripts" / "standins"
 OVERRIDE = REPO / "scripts" / "compose.check.yml"
@@ -105,17 +109,7 @@ BOOKING_TIMEOUT_S = 90.0
 PERSON = "compose-check"  # whose bookings the check makes over HTTP (a token from the stack's own issuer)
 ANOTHER_PERSON = "someone-else"
 ISSUER_SERVICE = "issuer"  # docker-compose.yml's one-shot: the local people's issuer into the volume `issuer`
-APP_SERVICES = (
-    "hotel-api",
-    "payment-api",
-    "llm-api",
-    "search-agent",
-    "payment-agent",
-    "booking-agent",
-    "recovery-worker",
-    "concierge-agent",
-    "console",
-)
+APP_SERVICES = tuple(DEPLOYED)  # docker-compose.yml's `concierge serve` services: the table's deployed rows
 URLS = {
     "booking-agent": "http://127.0.0.1:8000",
     "concierge-agent": "http://127.0.0.1:8003",

@@ -1,16 +1,23 @@
-"""The one table of services: read by ``concierge serve``, ``concierge up`` and the docker-compose test.
+"""The one table of services: read by ``concierge serve``, ``concierge up``, the tests, and scripts/deploy_files.py,
+which writes the service-derived parts of docker-compose.yml, deploy/k8s and the Prometheus config from it.
 
 Apps are named by import string (uvicorn's ``module:attribute``) so that ``infra`` never imports ``agents`` or
-``recovery``: the table describes services, it does not load them.
+``recovery``: the table describes services, it does not load them. Adding a service is one row here, then
+``make deploy-files`` (docs/development.md, "Adding a service").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
-__all__ = ["SERVICES", "ServiceSpec", "UnknownServiceError", "get_service"]
+__all__ = ["DEPLOYED", "SERVICES", "ServiceKind", "ServiceSpec", "UnknownServiceError", "deployed", "get_service"]
+
+ServiceKind = Literal["provider", "agent", "worker", "tooling"]
+"""provider: a simulated outside world (one replica, host's loopback only); agent: a durable A2A agent; worker: durable,
+serves no A2A skill (the recovery worker); tooling: the operator's (one replica, loopback only, no test-stack port)."""
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,26 @@ class ServiceSpec:
     """The environment variable through which other services find this one."""
     health_path: str = "/health"
     ready_path: str = "/health/ready"
+    kind: ServiceKind = field(default="agent", kw_only=True)
+    depends_on: tuple[str, ...] = field(default=(), kw_only=True)
+    """The peers of this table it waits for, healthy, in docker-compose (Redis, Postgres and the issuer follow the kind
+    and ``mounts_issuer``)."""
+    mounts_issuer: bool = field(default=False, kw_only=True)
+    """Takes people's tokens, or runs people's commands: the local issuer is mounted at /issuer (compose and k8s)."""
+    deployed: bool = field(default=True, kw_only=True)
+    """False: ``serve`` and ``up`` run it, but compose, Kubernetes and Prometheus leave it out."""
+    metrics: bool = field(default=True, kw_only=True)
+    """Serves /metrics: Prometheus scrapes it."""
+
+    @property
+    def durable(self) -> bool:
+        """Runs graphs: checkpoints in Postgres, loads LangGraph, runs replicated."""
+        return self.kind in ("agent", "worker")
+
+    @property
+    def loopback_only(self) -> bool:
+        """Published on the host's loopback only: the outside world's stand-ins and the operator's tools."""
+        return self.kind in ("provider", "tooling")
 
     def url(self, host: str = "127.0.0.1", port: int | None = None) -> str:
         return f"http://{host}:{port or self.port}"
@@ -40,19 +67,49 @@ SERVICES: Mapping[str, ServiceSpec] = MappingProxyType(
     {
         spec.name: spec
         for spec in (
-            ServiceSpec("hotel-api", "providers.hotel_api:app", 8010, "HOTEL_API_URL"),
-            ServiceSpec("payment-api", "providers.payment_api:app", 8011, "PAYMENT_API_URL"),
-            ServiceSpec("llm-api", "providers.llm_api:app", 8012, "LLM_API_URL"),
-            ServiceSpec("search-agent", "agents.search:app", 8001, "SEARCH_AGENT_URL"),
-            ServiceSpec("payment-agent", "agents.payment:app", 8002, "PAYMENT_AGENT_URL"),
-            ServiceSpec("booking-agent", "agents.booking.app:app", 8000, "BOOKING_AGENT_URL"),
-            ServiceSpec("recovery-worker", "agents.recovery_worker:app", 8020, "RECOVERY_WORKER_URL"),
-            ServiceSpec("concierge-agent", "agents.concierge.app:app", 8003, "CONCIERGE_AGENT_URL"),
+            ServiceSpec("hotel-api", "providers.hotel_api:app", 8010, "HOTEL_API_URL", kind="provider"),
+            ServiceSpec("payment-api", "providers.payment_api:app", 8011, "PAYMENT_API_URL", kind="provider"),
+            ServiceSpec("llm-api", "providers.llm_api:app", 8012, "LLM_API_URL", kind="provider"),
+            ServiceSpec("search-agent", "agents.search:app", 8001, "SEARCH_AGENT_URL", depends_on=("hotel-api",)),
+            ServiceSpec("payment-agent", "agents.payment:app", 8002, "PAYMENT_AGENT_URL", depends_on=("payment-api",)),
+            ServiceSpec(
+                "booking-agent",
+                "agents.booking.app:app",
+                8000,
+                "BOOKING_AGENT_URL",
+                depends_on=("hotel-api", "search-agent", "payment-agent"),
+                mounts_issuer=True,
+            ),
+            ServiceSpec(
+                "recovery-worker",
+                "agents.recovery_worker:app",
+                8020,
+                "RECOVERY_WORKER_URL",
+                kind="worker",
+                depends_on=("hotel-api", "search-agent", "payment-agent"),
+                mounts_issuer=True,
+            ),
+            ServiceSpec(
+                "concierge-agent",
+                "agents.concierge.app:app",
+                8003,
+                "CONCIERGE_AGENT_URL",
+                depends_on=("llm-api", "search-agent", "booking-agent"),
+                mounts_issuer=True,
+            ),
             # last: it watches the others (and drives them through the supervisor when ``concierge up`` runs it)
-            ServiceSpec("console", "stack.webconsole:app", 8090, "CONSOLE_URL"),
+            ServiceSpec("console", "stack.webconsole:app", 8090, "CONSOLE_URL", kind="tooling"),
         )
     }
 )
+
+
+def deployed(services: Mapping[str, ServiceSpec] = SERVICES) -> Mapping[str, ServiceSpec]:
+    """The rows compose, Kubernetes and Prometheus run (``deployed``), in the table's order."""
+    return MappingProxyType({name: spec for name, spec in services.items() if spec.deployed})
+
+
+DEPLOYED = deployed()
 
 
 def get_service(name: str) -> ServiceSpec:

@@ -36,19 +36,19 @@ import psycopg
 from domain.booking import FINAL_BOOKING_STATUSES
 from infra.auth import PROVIDER_CLIENTS, derived_provider_key, mint_service_token
 from stack.login import login_url
+from stack.services import SERVICES, ServiceSpec
 from tests.procs import Processes, ServiceProcess, concierge_command, free_port
 
+
+def url_envs(services: Mapping[str, ServiceSpec] = SERVICES) -> dict[str, str]:
+    """Service → the variable its peers find it by: every row of the table, deployed or not, but the operator's
+    tooling (a test that serves the console gives it a port itself)."""
+    return {name: spec.url_env for name, spec in services.items() if spec.kind != "tooling"}
+
+
+# what ``Stack.start()`` serves: the booking path (tests/unit/test_service_table.py keeps it within URL_ENV)
 CORE = ("hotel-api", "payment-api", "search-agent", "payment-agent", "booking-agent")
-URL_ENV = {
-    "hotel-api": "HOTEL_API_URL",
-    "payment-api": "PAYMENT_API_URL",
-    "llm-api": "LLM_API_URL",
-    "search-agent": "SEARCH_AGENT_URL",
-    "payment-agent": "PAYMENT_AGENT_URL",
-    "booking-agent": "BOOKING_AGENT_URL",
-    "recovery-worker": "RECOVERY_WORKER_URL",
-    "concierge-agent": "CONCIERGE_AGENT_URL",
-}
+URL_ENV = url_envs()
 TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

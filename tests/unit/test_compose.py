@@ -15,7 +15,7 @@ import yaml
 
 from domain.llm import PRIMARY_MODEL
 from infra.people import LOCAL_ISSUER, LocalIssuer
-from stack.services import SERVICES
+from stack.services import DEPLOYED, SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 # The Compose Specification's own JSON schema, kept verbatim in the repository (tests/data/README.md: origin, licence).
@@ -25,15 +25,14 @@ INFRASTRUCTURE = {"redis", "postgres", "jaeger", "prometheus", "grafana"}
 ONE_SHOTS = {"issuer"}
 # the services that take people's tokens (infra/people.py PeopleGate), and the containers people's commands run in
 # (`docker compose exec recovery-worker concierge book`, `exec concierge-agent concierge ask`, `exec booking-agent
-# concierge token`): they mount the local issuer
+# concierge token`): they mount the local issuer, as the table marks them (mounts_issuer)
 PEOPLE_GATED = ("booking-agent", "concierge-agent")
-ISSUER_MOUNTED = (*PEOPLE_GATED, "recovery-worker")
+ISSUER_MOUNTED = tuple(name for name, spec in DEPLOYED.items() if spec.mounts_issuer)
 _SET_DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+)-(?P<default>[^}]*)\}$")
 _DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):-(?P<default>[^}]*)\}$")
 _REQUIRED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):\?(?P<message>[^}$]+)\}$")
-PROVIDERS = ("hotel-api", "payment-api", "llm-api")
 # published on the host's loopback only: the outside world's stand-ins, and the console (an operator's page)
-LOOPBACK_ONLY = (*PROVIDERS, "console")
+LOOPBACK_ONLY = tuple(name for name, spec in DEPLOYED.items() if spec.loopback_only)
 _PROBE_URL = re.compile(r"http://127\.0\.0\.1:(?P<port>\d+)(?P<path>/[\w/]*)")
 
 
@@ -69,13 +68,13 @@ def test_compose_file_validates_against_the_compose_spec(compose: dict[str, Any]
 
 
 def test_application_services_are_the_service_table(compose: dict[str, Any]) -> None:
-    assert set(app_services(compose)) == set(SERVICES)
+    assert set(app_services(compose)) == set(DEPLOYED)
     assert set(compose["services"]) >= INFRASTRUCTURE
 
 
-@pytest.mark.parametrize("name", list(SERVICES))
+@pytest.mark.parametrize("name", list(DEPLOYED))
 def test_each_service_runs_concierge_serve_on_its_table_port(compose: dict[str, Any], name: str) -> None:
-    spec = SERVICES[name]
+    spec = DEPLOYED[name]
     service = compose["services"][name]
     assert service["command"] == ["concierge", "serve", name, "--host", "0.0.0.0"]
     published = f"127.0.0.1:{spec.port}:{spec.port}" if name in LOOPBACK_ONLY else f"{spec.port}:{spec.port}"
@@ -86,9 +85,9 @@ def test_each_service_runs_concierge_serve_on_its_table_port(compose: dict[str, 
     assert seconds(service["stop_grace_period"]) >= 20
 
 
-@pytest.mark.parametrize("name", list(SERVICES))
+@pytest.mark.parametrize("name", list(DEPLOYED))
 def test_each_health_check_probes_the_table_health_path(compose: dict[str, Any], name: str) -> None:
-    spec = SERVICES[name]
+    spec = DEPLOYED[name]
     test = compose["services"][name]["healthcheck"]["test"]
     assert test[0] == "CMD"
     match = _PROBE_URL.search(" ".join(test))
@@ -101,10 +100,10 @@ def test_one_image_for_every_application_service(compose: dict[str, Any]) -> Non
     assert len(images) == 1
 
 
-@pytest.mark.parametrize("name", list(SERVICES))
+@pytest.mark.parametrize("name", list(DEPLOYED))
 def test_peers_are_found_by_service_dns_name(compose: dict[str, Any], name: str) -> None:
     env = compose["services"][name]["environment"]
-    for peer in SERVICES.values():
+    for peer in DEPLOYED.values():
         match = _DEFAULTED.match(env[peer.url_env])
         assert match, f"{peer.url_env} should be ${{{peer.url_env}:-default}}"
         assert match["var"] == peer.url_env
@@ -241,6 +240,10 @@ def test_the_image_gives_the_issuer_directory_to_its_non_root_user(dockerfile: l
     made = " ".join(line for line in dockerfile if "mkdir" in line or "chown" in line)
     assert "/issuer" in made.split("mkdir", 1)[1]
     assert re.search(r"chown -R concierge:concierge [^&]*/issuer", made), made
+
+
+def test_the_table_mounts_the_issuer_where_people_call_and_where_their_commands_run() -> None:
+    assert {*PEOPLE_GATED, "recovery-worker"} <= set(ISSUER_MOUNTED)
 
 
 @pytest.mark.parametrize("name", ISSUER_MOUNTED)

@@ -25,7 +25,7 @@ from agents.booking import app as booking
 from infra.people import LOCAL_ISSUER, LocalIssuer
 from infra.settings import Settings
 from stack.cli import GRACEFUL_SHUTDOWN_S
-from stack.services import SERVICES
+from stack.services import DEPLOYED, SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -37,8 +37,8 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 # and the newest whose schemas kubernetes-validate bundles
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 # one replica each: the simulated providers stand in for the outside world, the console keeps no state
-SINGLE = {"hotel-api", "payment-api", "llm-api", "console"}
-REPLICATED = set(SERVICES) - SINGLE
+SINGLE = {name for name, spec in DEPLOYED.items() if not spec.durable}
+REPLICATED = set(DEPLOYED) - SINGLE
 # What SIGTERM may take after preStop: uvicorn's graceful shutdown, then the lifespan's drain, then up to a few
 # seconds more to cancel what did not reach a step boundary (booking-agent waits 5 s, the worker its take_wait + 2).
 CANCEL_ALLOWANCE_S = 10.0
@@ -53,7 +53,7 @@ SETTINGS_ENV = (
 # people (infra/people.py): the services that take a person's JWT, and the one people's commands run in; each mounts
 # the local issuer's Secret where the settings point
 PEOPLE_GATED = ("booking-agent", "concierge-agent")
-ISSUER_MOUNTED = (*PEOPLE_GATED, "recovery-worker")
+ISSUER_MOUNTED = tuple(name for name, spec in DEPLOYED.items() if spec.mounts_issuer)
 ISSUER_SECRET = "concierge-issuer"
 # what compose builds (docker-compose.yml `image:`), so that `docker compose build` makes the image the pods run
 COMPOSE_IMAGE = yaml.safe_load((REPO / "docker-compose.yml").read_text())["x-concierge"]["image"]
@@ -112,8 +112,8 @@ def problems(objects: Objects) -> list[str]:
     found: list[str] = []
     deployments = service_deployments(objects)
     services = by_kind(objects, "Service")
-    if set(deployments) != set(SERVICES):
-        found.append(f"service Deployments {sorted(deployments)} are not the service table {sorted(SERVICES)}")
+    if set(deployments) != set(DEPLOYED):
+        found.append(f"service Deployments {sorted(deployments)} are not the service table {sorted(DEPLOYED)}")
     settings = generated(objects, "ConfigMap", "concierge-settings")
     secrets = generated(objects, "Secret", "concierge-secrets")
     if settings is None or secrets is None:
@@ -138,7 +138,7 @@ def problems(objects: Objects) -> list[str]:
     issuer_dir = config.get("CONCIERGE_AUTH_ISSUER_DIR", "")
     if jwks_file and (not issuer_dir or Path(jwks_file).parent != Path(issuer_dir)):
         found.append(f"CONCIERGE_AUTH_JWKS_FILE {jwks_file} is not in CONCIERGE_AUTH_ISSUER_DIR {issuer_dir!r}")
-    for name, spec in SERVICES.items():
+    for name, spec in DEPLOYED.items():
         if config.get(spec.url_env) != f"http://{name}:{spec.port}":
             found.append(f"{spec.url_env} is {config.get(spec.url_env)!r}, not the Service http://{name}:{spec.port}")
     data_dir = config.get("CONCIERGE_DATA_DIR", "")
@@ -147,7 +147,7 @@ def problems(objects: Objects) -> list[str]:
     pdbs = by_kind(objects, "PodDisruptionBudget")
 
     for name, deployment in sorted(deployments.items()):
-        spec = SERVICES.get(name)
+        spec = DEPLOYED.get(name)
         if spec is None:
             continue
         pod = deployment["spec"]["template"]["spec"]
@@ -258,7 +258,7 @@ def dev() -> Objects:
 def test_the_base_renders_and_validates() -> None:
     base = render(K8S, BASE)
     assert schema_errors(base) == []
-    assert set(service_deployments(base)) == set(SERVICES)
+    assert set(service_deployments(base)) == set(DEPLOYED)
 
 
 def test_the_dev_overlay_validates_against_the_kubernetes_schemas(dev: Objects) -> None:
@@ -402,7 +402,7 @@ def test_people_use_the_local_issuer_from_its_secret(dev: Objects) -> None:
         (secret,) = [volume["secret"] for volume in volumes if "secret" in volume]
         assert secret["secretName"] == issuer["metadata"]["name"] and secret["optional"] is True
         assert secret["defaultMode"] == 0o440
-    for name in set(SERVICES) - set(ISSUER_MOUNTED):
+    for name in set(DEPLOYED) - set(ISSUER_MOUNTED):
         volumes = deployments[name]["spec"]["template"]["spec"]["volumes"]
         assert not any("secret" in volume for volume in volumes), f"{name} needs no issuer key"
 

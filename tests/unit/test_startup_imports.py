@@ -23,10 +23,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 
 import pytest
 
-from stack.services import SERVICES
+from stack.services import SERVICES, ServiceKind, ServiceSpec
 
 EVERYWHERE = (
     "langchain_openai",
@@ -41,18 +42,26 @@ EVERYWHERE = (
     "aiosqlite",
 )
 WITHOUT_LANGGRAPH = ("langsmith", "langgraph_sdk", "langgraph", "langchain_core")
-AGENTS = {"search-agent", "payment-agent", "booking-agent", "recovery-worker", "concierge-agent"}
+
+
+def of_kind(*kinds: ServiceKind, services: Mapping[str, ServiceSpec] = SERVICES) -> set[str]:
+    """The rows of the table of these kinds: the lists below follow the table."""
+    return {name for name, spec in services.items() if spec.kind in kinds}
+
+
+# the durable ones load LangGraph (an agent, or the worker that resumes their graphs)
+AGENTS = of_kind("agent", "worker")
 # the A2A SDK (its protobuf types) only where an agent is: the providers and the console name our A2A errors only
 WITHOUT_A2A = ("a2a", "google.protobuf")
 # its client side (and grpc, through its optional gRPC transport) only with the first call (infra.a2a.client), or
 # where the SDK's server side brings both: a2a.server.routes → a2a.compat.v0_3 → a2a.client, a2a.server.request_handlers
 # → its gRPC handler, loaded whenever grpcio is installed (it is: opentelemetry-exporter-otlp's gRPC exporter)
 A2A_CLIENT = ("a2a.client", "grpc")
-A2A_SERVERS = {"search-agent", "payment-agent", "booking-agent", "concierge-agent"}
+A2A_SERVERS = of_kind("agent")
 # an HTTP client only where requests are sent: the providers answer, they call no one (the error table's question
 # whether a request left asks sys.modules for httpx: infra.connection_errors)
 WITHOUT_HTTP_CLIENT = ("httpx", "httpcore")
-PROVIDERS = {"hotel-api", "payment-api", "llm-api"}
+PROVIDERS = of_kind("provider")
 
 # what is not configured here must not be loaded: no OTLP endpoint, no Postgres
 _UNSET = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "DATABASE_URL", "LANGSMITH_TRACING")
