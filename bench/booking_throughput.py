@@ -75,8 +75,8 @@ MAX_BOOKING_WAIT_S = 90.0
 # No booking final for this long: the stack is wedged; end the phase instead of waiting forever.
 STALL_S = 120.0
 
-# The HTTP requests one booking cannot do without (read from agents/booking/app.py, graph/booking.py, agents/search.py,
-# graph/search.py, agents/payment.py, graph/payment.py), each one leg: a caller's request and the callee's answer.
+# The HTTP requests one booking cannot do without (read from agents/booking/app.py, agents/booking/graph.py, agents/search/app.py,
+# agents/search/graph.py, agents/payment/app.py, agents/payment/graph.py), each one leg: a caller's request and the callee's answer.
 # Six go from one of our FastAPI services to another (priced as the bare FastAPI→FastAPI hop); two are the
 # client's own (priced as a direct client → FastAPI request). A long-poll that ends before the booking does adds
 # one more; the bench counts the GETs it actually sent and prints the mean.
@@ -142,8 +142,8 @@ def checkpoints_from_code() -> dict[str, Any]:
     from types import SimpleNamespace
     from typing import cast
 
-    from graph.booking import BookingDeps, build_booking_graph
-    from graph.payment import build_payment_graph
+    from agents.booking.graph import BookingDeps, build_booking_graph
+    from agents.payment.graph import build_payment_graph
 
     placeholders = SimpleNamespace(redis=None, bookings=None, hotels=None, search_agent=None, payment_agent=None)
     booking = happy_path(build_booking_graph(cast(BookingDeps, placeholders)), frozenset({"compensate"}))

@@ -184,14 +184,20 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "progress",
         "the statuses between pending and the outcome (searching, reserving, paying, confirming)",
-        (Edit("graph/booking.py", '    deps.bookings.report(state["booking_id"], status)\n', "    return None\n"),),
+        (
+            Edit(
+                "agents/booking/graph.py",
+                '    deps.bookings.report(state["booking_id"], status)\n',
+                "    return None\n",
+            ),
+        ),
         switched=(
             Edit(
-                "graph/booking.py",
+                "agents/booking/graph.py",
                 '    deps.bookings.report(state["booking_id"], status)\n',
                 '    if not bench_switch.OFF:\n        deps.bookings.report(state["booking_id"], status)\n',
             ),
-            _reads_switch("graph/booking.py"),
+            _reads_switch("agents/booking/graph.py"),
         ),
     ),
     Variant(

@@ -68,22 +68,22 @@ MODEL_ENV = {  # a CPU model on a shared machine: the cloud defaults' limits are
 
 NO_COPING: tuple[Edit, ...] = (
     Edit(  # a repeated read runs again
-        "graph/concierge/graph.py",
+        "agents/concierge/graph.py",
         "                key = tool.call_key(args) if tool.answers_repeats else None\n",
         "                key = None\n",
     ),
     Edit(  # the last allowed call's tool calls run (the next call then ends the turn: model_calls_exhausted)
-        "graph/concierge/graph.py",
+        "agents/concierge/graph.py",
         "        said = _out_of_steps(said)  # the last allowed call: its tool calls are not run, the turn answers\n",
         "        pass\n",
     ),
     Edit(  # max_price_per_night: 0 refused, not read as no limit
-        "graph/concierge/tools.py",
+        "agents/concierge/tools.py",
         '        None, ge=0, allow_inf_nan=False, description="0 or absent: no limit."\n',
         "        None, gt=0, allow_inf_nan=False\n",
     ),
     Edit(  # not_offered without the offers
-        "graph/concierge/tools.py",
+        "agents/concierge/tools.py",
         'for this stay; nothing was booked. "\n'
         '            "Book one of these offers by its hotel_id, or tell the person.",\n'
         "            offers=shown,\n"
@@ -173,8 +173,8 @@ async def bare_ttft(url: str, alias: str, text: str) -> dict[str, Any]:
     from langchain_openai import ChatOpenAI
     from pydantic import SecretStr
 
-    from graph.concierge.prompts import system_prompt
-    from graph.concierge.tools import TOOLS
+    from agents.concierge.prompts import system_prompt
+    from agents.concierge.tools import TOOLS
 
     model = ChatOpenAI(
         model=alias, base_url=f"{url}/v1", api_key=SecretStr("sk-local-unused"), max_retries=0, stream_usage=True

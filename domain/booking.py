@@ -199,7 +199,7 @@ class BookingStatus(StrEnum):
     """Final: cancelled on request (``POST /bookings/{id}/cancel``), after the compensation released the hold and
     refunded anything captured; or, after it was confirmed, once the hotel cancelled the stay and ``refund`` is back."""
     CANCELLING = "cancelling"
-    """A confirmed booking being cancelled (its own run, ``graph.cancellation``): the stay cancelled at the hotel,
+    """A confirmed booking being cancelled (its own run, ``agents.booking.cancellation``): the stay cancelled at the hotel,
     then ``total − fee`` refunded; it ends ``cancelled``, or ``confirmed`` again (saying why) when the hotel refused."""
 
     @property

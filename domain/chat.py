@@ -1,8 +1,8 @@
 """A chat's vocabulary, in one place: its statuses, a turn's outcomes, the kinds of its journal, the text limit, the
 approval ids and the errors a conversation answers with (their HTTP status: ``infra.error_table``).
 
-concierge-agent, its graph (``graph.concierge``), the chat store (``infra.chats``) and the CLI speak it. The tools
-themselves (arguments, rules, runners) are records in ``graph.concierge.tools``. Standard library only.
+concierge-agent, its graph (``agents.concierge.graph``), the chat store (``infra.chats``) and the CLI speak it. The tools
+themselves (arguments, rules, runners) are records in ``agents.concierge.tools``. Standard library only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The simulator (``providers.llm_api``) serves these models and calls these tools; the settings default to them, and
 the concierge offers the tools by these names (their arguments and rules: one record each in
-``graph.concierge.tools``). Standard library only, so every floor may import it.
+``agents.concierge.tools``). Standard library only, so every floor may import it.
 """
 
 from __future__ import annotations

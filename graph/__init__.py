@@ -1,6 +1,6 @@
 """LangGraph layer: the node decorators (tracing, idempotency, fencing) and one graph builder per agent.
 
-The builders live in their modules (``graph.booking``, ``graph.search``, ``graph.payment``); this namespace
+The builders live in their modules (``agents.booking.graph``, ``agents.search.graph``, ``agents.payment.graph``); this namespace
 exports the decorators and their errors, which every graph and the run executor use, and the migrations a graph
 declares for runs of its earlier shapes (``graph.migrations``).
 """

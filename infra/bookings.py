@@ -3,7 +3,7 @@
 A booking is written before its 202 is sent and only moves forward: once ``confirmed``, ``failed`` or
 ``cancelled`` its saga can change it no more, whichever process (the owner, a stale owner, the recovery worker)
 tries. The one way on from ``confirmed`` is a cancel of the stay: ``begin_cancel`` (→ ``cancelling``), then
-``finalize`` (``cancelled``) or ``keep_confirmed`` (back, saying why), each one script (``graph.cancellation``).
+``finalize`` (``cancelled``) or ``keep_confirmed`` (back, saying why), each one script (``agents.booking.cancellation``).
 Client idempotency keys map to booking ids here too, so a retried ``POST /bookings`` finds the booking it already
 created.
 
@@ -152,7 +152,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSETNX', KEYS[1], 'commit
 return 1
 """)
 
-# A confirmed booking's cancel (``graph.cancellation``): ``confirmed`` → ``cancelling`` with the refund its policy
+# A confirmed booking's cancel (``agents.booking.cancellation``): ``confirmed`` → ``cancelling`` with the refund its policy
 # gives now, once; a second cancel finds it (and the refund fixed by the first). Back in flight until it ends.
 # KEYS: booking, inflight, journal | ARGV: now, refund JSON, accepted entry, journal max len, ttl_s, the run's thread
 _BEGIN_CANCEL = RedisScript("""
@@ -412,7 +412,7 @@ class BookingStore:
         return answer, (json.loads(raw) if raw else None)
 
     async def cancel_thread(self, booking_id: str) -> str | None:
-        """The run of the booking's latest cancel after it was confirmed (``graph.cancellation``), if any."""
+        """The run of the booking's latest cancel after it was confirmed (``agents.booking.cancellation``), if any."""
         thread = await self._redis.hget(self._key(booking_id), "cancel_thread")
         return None if thread is None else text(thread)
 

@@ -1,7 +1,7 @@
 """The one table: which exception gets which answer (error code, HTTP status, retryable), everywhere.
 
 The HTTP edge (``infra.service``), the A2A skill errors (``infra.a2a.server``) and the booking saga
-(``graph.booking``) all ask ``answer_for(exc)``; none keeps a mapping of its own. Rows are tried in order and the
+(``agents.booking.graph``) all ask ``answer_for(exc)``; none keeps a mapping of its own. Rows are tried in order and the
 first whose class matches wins, so a subclass comes before its base. A row without a code takes the exception's
 own: a business error raised on purpose (``SkillFailure``, a peer's ``A2ASkillError``, any ``NonRetryableError``
 with a ``code`` attribute). The HTTP status is the code's (``domain.booking.ErrorCode.http_status``).

@@ -226,7 +226,7 @@ class JournalWriter:
 
 def journal_of(thread_id: str) -> str:
     """The journal a run's entries go in: its own (a booking, a chat), or for a run after the booking's own
-    (``<booking_id>:cancel``, ``graph.cancellation``) its booking's, so one journal tells the booking's whole life."""
+    (``<booking_id>:cancel``, ``agents.booking.cancellation``) its booking's, so one journal tells the booking's whole life."""
     return thread_id.partition(":")[0]
 
 

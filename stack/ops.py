@@ -6,7 +6,7 @@
 quiet and on a loaded machine alike; ``stop`` is a graceful stop (SIGTERM) that holds the instance down; ``start`` brings a stopped
 instance back and waits until it is ready. A name selects every replica (``booking-agent``) or one
 (``booking-agent:2``). ``fault`` drives a simulated provider's ``/admin/faults`` (llm-api's options:
-``stack.llm_faults``; search-agent's, ``agents.search_faults``: ``--latency`` and ``--hang`` only; hotel-api's also
+``stack.llm_faults``; search-agent's, ``agents.search.faults``: ``--latency`` and ``--hang`` only; hotel-api's also
 ``--price-change`` and ``--name-suffix``): the local stack's, or, with none running, the one ``HOTEL_API_URL``/``PAYMENT_API_URL``/
 ``LLM_API_URL`` name (where docker-compose publishes them). It presents the
 admin token of the local stack (``<data dir>/secrets.json``), or ``CONCIERGE_ADMIN_TOKEN`` for any other provider.

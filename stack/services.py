@@ -70,8 +70,10 @@ SERVICES: Mapping[str, ServiceSpec] = MappingProxyType(
             ServiceSpec("hotel-api", "providers.hotel_api:app", 8010, "HOTEL_API_URL", kind="provider"),
             ServiceSpec("payment-api", "providers.payment_api:app", 8011, "PAYMENT_API_URL", kind="provider"),
             ServiceSpec("llm-api", "providers.llm_api:app", 8012, "LLM_API_URL", kind="provider"),
-            ServiceSpec("search-agent", "agents.search:app", 8001, "SEARCH_AGENT_URL", depends_on=("hotel-api",)),
-            ServiceSpec("payment-agent", "agents.payment:app", 8002, "PAYMENT_AGENT_URL", depends_on=("payment-api",)),
+            ServiceSpec("search-agent", "agents.search.app:app", 8001, "SEARCH_AGENT_URL", depends_on=("hotel-api",)),
+            ServiceSpec(
+                "payment-agent", "agents.payment.app:app", 8002, "PAYMENT_AGENT_URL", depends_on=("payment-api",)
+            ),
             ServiceSpec(
                 "booking-agent",
                 "agents.booking.app:app",

@@ -190,7 +190,7 @@ async def stranded(redis: Redis, bookings: Mapping[str, str]) -> list[Disagreeme
     for booking_id, status in sorted(bookings.items()):
         if status in FINAL_BOOKING_STATUSES:
             continue
-        # a confirmed booking being cancelled is its cancel's run's to finish (``graph.cancellation``)
+        # a confirmed booking being cancelled is its cancel's run's to finish (``agents.booking.cancellation``)
         thread = await records.cancel_thread(booking_id) if status == BookingStatus.CANCELLING else None
         run = await store.get(thread or booking_id)
         if run is None:

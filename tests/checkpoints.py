@@ -116,7 +116,7 @@ BOOKING_REQUEST: dict[str, Any] = {
 
 async def record_booking(redis: Any, booking_id: str) -> dict[str, Any]:
     """A booking run of the current shape that died mid-charge: search and reserve done, the charge never answered."""
-    from graph.booking import BOOKING_BUILDERS, BOOKING_GRAPH, BookingDeps, booking_input
+    from agents.booking.graph import BOOKING_BUILDERS, BOOKING_GRAPH, BookingDeps, booking_input
     from infra.bookings import BookingStore
     from infra.clients.providers import HotelApiClient
     from infra.payment_tokens import PaymentTokens
@@ -158,9 +158,14 @@ REFUND = {"amount": 200.0, "fee": 0.0, "currency": "EUR"}
 async def record_cancellation(redis: Any, booking_id: str) -> dict[str, Any]:
     """A confirmed booking's cancel of the current shape that died mid-refund: the stay cancelled at the hotel, the
     refund never answered."""
+    from agents.booking.cancellation import (
+        CANCELLATION_BUILDERS,
+        CANCELLATION_GRAPH,
+        cancel_thread_id,
+        cancellation_input,
+    )
+    from agents.booking.graph import BookingDeps
     from domain.booking import BookingStatus
-    from graph.booking import BookingDeps
-    from graph.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH, cancel_thread_id, cancellation_input
     from infra.bookings import BookingStore
     from infra.clients.providers import HotelApiClient
     from infra.payment_tokens import PaymentTokens

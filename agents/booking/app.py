@@ -46,6 +46,22 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agents.booking.cancellation import (
+    CANCELLATION_GRAPH,
+    build_cancellation_graph,
+    cancel_thread_id,
+    cancellation_input,
+    cancellation_is_final,
+)
+from agents.booking.graph import (
+    BOOKING_GRAPH,
+    BookingDeps,
+    booking_deadline,
+    booking_input,
+    booking_is_final,
+    build_booking_graph,
+    open_booking_deps,
+)
 from domain.booking import (
     CURRENCY_PATTERN,
     FINAL_BOOKING_STATUSES,
@@ -67,22 +83,6 @@ from domain.cancellation import (
     CancellationRefusedError,
     RefundQuote,
     quote_refund,
-)
-from graph.booking import (
-    BOOKING_GRAPH,
-    BookingDeps,
-    booking_deadline,
-    booking_input,
-    booking_is_final,
-    build_booking_graph,
-    open_booking_deps,
-)
-from graph.cancellation import (
-    CANCELLATION_GRAPH,
-    build_cancellation_graph,
-    cancel_thread_id,
-    cancellation_input,
-    cancellation_is_final,
 )
 from infra.a2a.errors import SkillFailure
 from infra.a2a.server import Skill, current_caller, current_person, mount_a2a, progress_wanted, report_progress
@@ -236,7 +236,7 @@ class Accepted(BaseModel):
 
 
 class BookingError(BaseModel):
-    """Documentation of ``graph.booking.BookingError``."""
+    """Documentation of ``agents.booking.graph.BookingError``."""
 
     code: str
     message: str | None = None
@@ -300,7 +300,7 @@ class BookingService:
     ) -> None:
         self.deps = deps
         self.cancellation = cancellation
-        """The graph that cancels a confirmed booking (``graph.cancellation``); ``None``: this process does not."""
+        """The graph that cancels a confirmed booking (``agents.booking.cancellation``); ``None``: this process does not."""
         self.bookings: BookingStore = deps.bookings
         self.graph = graph
         self.version = None if graph is None else graph_fingerprint(graph)

@@ -7,8 +7,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from domain.booking import ErrorCode
-from graph.booking import (
+from agents.booking.cancellation import (
+    CANCELLATION_BUILDERS,
+    CANCELLATION_GRAPH,
+    CANCELLATION_MIGRATIONS,
+    cancellation_give_up,
+    cancellation_is_final,
+)
+from agents.booking.graph import (
     BOOKING_BUILDERS,
     BOOKING_GRAPH,
     BOOKING_MIGRATIONS,
@@ -17,13 +23,7 @@ from graph.booking import (
     booking_is_final,
     open_booking_deps,
 )
-from graph.cancellation import (
-    CANCELLATION_BUILDERS,
-    CANCELLATION_GRAPH,
-    CANCELLATION_MIGRATIONS,
-    cancellation_give_up,
-    cancellation_is_final,
-)
+from domain.booking import ErrorCode
 from recovery.consumer import Graph, RecoverableGraph
 from recovery.registry import DurableGraph
 from runs.leases import RunRecord

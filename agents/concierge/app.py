@@ -2,7 +2,7 @@
 
 ``POST /chats`` opens a chat; ``POST /chats/{id}/messages`` makes a turn durable (a run of graph ``concierge``,
 thread id = chat id, in the run store) and answers **202**; the turn runs in a background task (the tool-calling
-graph of ``graph.concierge``), any replica serving any chat. ``book_hotel`` parks the turn at its approval (not failed,
+graph of ``agents.concierge.graph``), any replica serving any chat. ``book_hotel`` parks the turn at its approval (not failed,
 not an orphan: ``runs.leases.RunStatus.PARKED``); ``POST /chats/{id}/approvals/{approval_id}`` records the decision
 and takes the run up in one Redis script (the first decision wins: two racing approvals book once) before its 202,
 then resumes it with ``Command(resume=...)``. An approval past ``APPROVAL_TTL_S`` is decided ``expired`` by the
@@ -37,6 +37,11 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import ServerSentEvent
 
+from agents.concierge.context import ConciergeDeps, open_concierge_deps
+from agents.concierge.graph import CONCIERGE_GRAPH, build_concierge_graph, turn_is_final
+from agents.concierge.prompts import system_prompt
+from agents.concierge.state import turn_input
+from agents.concierge.tools import offer_for
 from domain import currency_code, hotel_named
 from domain.booking import ErrorCode
 from domain.chat import (
@@ -48,16 +53,6 @@ from domain.chat import (
     TurnOutcome,
     check_text,
 )
-from graph.concierge import (
-    CONCIERGE_GRAPH,
-    ConciergeDeps,
-    build_concierge_graph,
-    offer_for,
-    open_concierge_deps,
-    turn_input,
-    turn_is_final,
-)
-from graph.concierge.prompts import system_prompt
 from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.server import Skill, current_person, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from graph.concierge import (
+from agents.concierge.context import open_concierge_deps
+from agents.concierge.graph import (
     CONCIERGE_BUILDERS,
     CONCIERGE_GRAPH,
     CONCIERGE_MIGRATIONS,
     give_up_update,
-    open_concierge_deps,
     starts_over,
     turn_is_final,
 )

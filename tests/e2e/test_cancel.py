@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from graph.booking import booking_input
+from agents.booking.graph import booking_input
 from infra.bookings import BookingStore, booking_key
 from infra.payment_tokens import PaymentTokens
 from infra.redis import create_redis, create_sync_redis

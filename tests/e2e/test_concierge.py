@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from graph.concierge import OUT_OF_STEPS
+from agents.concierge.graph import OUT_OF_STEPS
 from tests.procs import concierge_command
 from tests.stack import CORE, SharedStacks, Stack, stay
 

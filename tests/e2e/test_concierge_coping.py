@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.concierge.graph import OUT_OF_STEPS
 from domain.llm import TOOL_NAMES
-from graph.concierge import OUT_OF_STEPS
 from tests.e2e.test_concierge import approve, awaiting, chat, events, new_chat, say, start
 from tests.e2e.test_concierge_consent import calls, error_code, offers, results, stay_args, text
 from tests.stack import CORE, Stack, fresh_database

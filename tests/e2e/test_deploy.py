@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from graph.booking import BOOKING_BUILDERS
-from graph.concierge import CONCIERGE_BUILDERS
+from agents.booking.graph import BOOKING_BUILDERS
+from agents.concierge.graph import CONCIERGE_BUILDERS
 from infra.redis import create_sync_redis
 from runs.leases import run_key
 from runs.versions import graph_fingerprint, version_label
@@ -45,7 +45,7 @@ BOOKING_LABEL = version_label("booking", BOOKING_NOW)
 CONCIERGE_NOW = graph_fingerprint(CONCIERGE_BUILDERS[0](None))  # type: ignore[arg-type]
 CONCIERGE_LABEL = version_label("concierge", CONCIERGE_NOW)
 
-# The change, appended to the copy's graph/booking.py: a new ``build_booking_graph`` (what booking-agent and the
+# The change, appended to the copy's agents/booking/graph.py: a new ``build_booking_graph`` (what booking-agent and the
 # recovery worker build), written as a developer would change the builder, ``BOOKING_BUILDERS`` with or without the
 # old one kept, and ``BOOKING_MIGRATIONS`` with or without a migration from the version ``migrate`` names.
 CHANGE = """
@@ -90,7 +90,7 @@ BOOKING_BUILDERS = (build_booking_graph, _kept_builder) if {keep} else (build_bo
 BOOKING_MIGRATIONS = (Migration({migrate!r}, nodes=_RENAMED),) if {migrate!r} else ()
 """
 
-# The concierge's change, appended to the copy's graph/concierge/graph.py: its ``book`` step renamed.
+# The concierge's change, appended to the copy's agents/concierge/graph.py: its ``book`` step renamed.
 CONCIERGE_CHANGE = """
 
 def build_concierge_graph(deps: ConciergeDeps, checkpointer: Any = None) -> Any:
@@ -174,8 +174,8 @@ def new_code(tmp_path: Path) -> Copy:
 def fingerprint_of(code: Path | None, graph: str = "booking") -> str:
     """The graph's version as that code builds it (``graph``: booking or concierge)."""
     builders = {
-        "booking": "graph.booking import BOOKING_BUILDERS",
-        "concierge": "graph.concierge import CONCIERGE_BUILDERS",
+        "booking": "agents.booking.graph import BOOKING_BUILDERS",
+        "concierge": "agents.concierge.graph import CONCIERGE_BUILDERS",
     }
     program = f"from {builders[graph]} as B; from runs.versions import graph_fingerprint as f; print(f(B[0](None)))"
     env = {**os.environ, "PYTHONPATH": str(code)} if code else dict(os.environ)

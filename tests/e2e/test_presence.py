@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from graph.payment import payment_thread_id
+from agents.payment.graph import payment_thread_id
 from infra.booking_keys import booking_key
 from infra.redis import create_sync_redis, key
 from runs.leases import run_key

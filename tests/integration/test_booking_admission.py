@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from agents.booking.app import BookingRequest, BookingService
-from graph.booking import BookingDeps
+from agents.booking.graph import BookingDeps
 from infra.bookings import BookingStore
 from infra.error_table import answer_for
 from infra.payment_tokens import PaymentTokens

@@ -21,8 +21,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from agents.booking.graph import BookingDeps, booking_input, build_booking_graph
 from domain.booking import BookingStatus
-from graph.booking import BookingDeps, booking_input, build_booking_graph
 from infra.a2a import A2ASkillError
 from infra.bookings import BookingStore, CancelOutcome
 from infra.clients.providers import HotelApiClient

@@ -17,7 +17,7 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from redis.asyncio import Redis
 
-from graph.booking import BookingDeps, booking_input, build_booking_graph
+from agents.booking.graph import BookingDeps, booking_input, build_booking_graph
 from infra.a2a import A2ASkillError
 from infra.bookings import BookingStore
 from infra.clients.providers import HotelApiClient

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from langgraph.graph import END, START, StateGraph
 
-from graph import Migration, apply_migration, idempotent_node, traced_node
-from graph.booking import (
+from agents.booking.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH, cancel_thread_id
+from agents.booking.graph import (
     ASKS_FOR_CANCEL,
     BOOKING_BUILDERS,
     BOOKING_GRAPH,
@@ -25,7 +25,7 @@ from graph.booking import (
     _next_or_compensate,
     _then_ask_for_cancel,
 )
-from graph.cancellation import CANCELLATION_BUILDERS, CANCELLATION_GRAPH, cancel_thread_id
+from graph import Migration, apply_migration, idempotent_node, traced_node
 from graph.migrations import unknown_names
 from infra.bookings import BookingStore
 from infra.checkpointer import open_checkpointer

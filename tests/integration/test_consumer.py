@@ -19,7 +19,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from agents.booking.durable import booking_recovery
-from graph.booking import BookingDeps, booking_input
+from agents.booking.graph import BookingDeps, booking_input
 from infra.a2a import A2ASkillError
 from infra.bookings import BookingStore
 from infra.checkpointer import open_checkpointer

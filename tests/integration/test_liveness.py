@@ -25,7 +25,7 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from redis.asyncio import Redis
 
-from graph.booking import BookingDeps, booking_input, build_booking_graph
+from agents.booking.graph import BookingDeps, booking_input, build_booking_graph
 from infra.a2a import A2ASkillError, A2AUnavailableError
 from infra.bookings import BookingStore
 from infra.clients.errors import ProviderUnavailableError

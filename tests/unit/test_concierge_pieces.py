@@ -9,11 +9,11 @@ from datetime import date, timedelta
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
+from agents.concierge.booking import booking_key_for
+from agents.concierge.history import repair_history, transcript
+from agents.concierge.tools import validate_tool_args
+from agents.concierge.views import booking_view
 from domain.chat import MAX_TEXT_BYTES, InvalidToolCallError, approval_id_for, check_text
-from graph.concierge.booking import booking_key_for
-from graph.concierge.history import repair_history, transcript
-from graph.concierge.tools import validate_tool_args
-from graph.concierge.views import booking_view
 
 CHECKIN = (date.today() + timedelta(days=30)).isoformat()
 CHECKOUT = (date.today() + timedelta(days=32)).isoformat()

@@ -12,11 +12,8 @@ from typing import Any, cast
 import pytest
 from langchain_core.messages import AIMessage, ToolMessage
 
-from domain.booking import MAX_GUESTS, ErrorCode
-from domain.chat import InvalidToolCallError
-from domain.llm import TOOL_NAMES
-from graph.concierge.context import ConciergeDeps
-from graph.concierge.tools import (
+from agents.concierge.context import ConciergeDeps
+from agents.concierge.tools import (
     MAX_OFFERS_SHOWN,
     TOOL_RECORDS,
     TOOLS,
@@ -28,7 +25,10 @@ from graph.concierge.tools import (
     repeat_answer,
     validate_tool_args,
 )
-from graph.concierge.views import MAX_THIRD_PARTY_CHARS, booking_view, offer_view, third_party_text
+from agents.concierge.views import MAX_THIRD_PARTY_CHARS, booking_view, offer_view, third_party_text
+from domain.booking import MAX_GUESTS, ErrorCode
+from domain.chat import InvalidToolCallError
+from domain.llm import TOOL_NAMES
 from infra.a2a.errors import A2ASkillError
 
 CHECKIN = (date.today() + timedelta(days=30)).isoformat()

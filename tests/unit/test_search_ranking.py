@@ -2,8 +2,8 @@
 
 import pytest
 
+from agents.search.graph import rank_offers
 from domain.booking import InvalidStayError, validate_stay
-from graph.search import rank_offers
 
 
 def offer(hotel_id: str, price: float, stars: int = 3, rooms: int = 5) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """search-agent: finds hotel offers.
 
 A2A skill ``search_hotels`` (for booking-agent) and ``GET /hotels`` (for people), both running the search graph
-inside the ``search_agent`` bulkhead (slowed or hung at run time by ``/admin/faults``: ``agents.search_faults``). Provider trouble is answered as a skill error (``provider_unavailable``), not
+inside the ``search_agent`` bulkhead (slowed or hung at run time by ``/admin/faults``: ``agents.search.faults``). Provider trouble is answered as a skill error (``provider_unavailable``), not
 as a transport failure: search-agent itself is healthy, so its callers must not retry or trip their breaker on it.
 """
 
@@ -14,9 +14,9 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel
 
-from agents.search_faults import apply_search_faults, search_faults_router
+from agents.search.faults import apply_search_faults, search_faults_router
+from agents.search.graph import build_search_graph
 from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, ErrorCode
-from graph.search import build_search_graph
 from infra.a2a.server import Skill, mount_a2a
 from infra.a2a.wire import A2A_PATH
 from infra.clients.providers import HotelApiClient

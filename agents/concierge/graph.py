@@ -29,16 +29,16 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import interrupt
 
+from agents.concierge.context import ConciergeDeps
+from agents.concierge.history import call_ids, repair_history, transcript
+from agents.concierge.journal import TokenEvents, note_call, note_result, tool_result
+from agents.concierge.prompts import system_prompt
+from agents.concierge.state import Approval, ConciergeState, Done, Pending, failure
+from agents.concierge.tools import Tool, ToolContext, answer_error, offer_for, repeat_answer, tool_named
+from agents.concierge.views import tool_error
 from domain.booking import ErrorCode
 from domain.chat import ChatEventKind, InvalidToolCallError, TurnOutcome, approval_id_for
 from domain.llm import BOOK_HOTEL
-from graph.concierge.context import ConciergeDeps
-from graph.concierge.history import call_ids, repair_history, transcript
-from graph.concierge.journal import TokenEvents, note_call, note_result, tool_result
-from graph.concierge.prompts import system_prompt
-from graph.concierge.state import Approval, ConciergeState, Done, Pending, failure
-from graph.concierge.tools import Tool, ToolContext, answer_error, offer_for, repeat_answer, tool_named
-from graph.concierge.views import tool_error
 from graph.idempotency import idempotent_node
 from graph.migrations import Migration
 from graph.tracing import traced_node

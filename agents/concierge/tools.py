@@ -19,14 +19,14 @@ from typing import Annotated, Any, Final, Literal
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from agents.concierge import booking as effects
+from agents.concierge.context import ConciergeDeps, Peer
+from agents.concierge.state import Done, Pending
+from agents.concierge.views import booking_view, offer_view, policy_view, third_party_text, tool_error
 from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, BookingStatus, ErrorCode, validate_stay
 from domain.cancellation import CancellationPolicy, CancellationRefusedError, quote_refund
 from domain.chat import InvalidToolCallError
 from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, LIST_BOOKINGS, SEARCH_HOTELS
-from graph.concierge import booking as effects
-from graph.concierge.context import ConciergeDeps, Peer
-from graph.concierge.state import Done, Pending
-from graph.concierge.views import booking_view, offer_view, policy_view, third_party_text, tool_error
 from infra.error_table import answer_for
 from resilience import policy_for
 

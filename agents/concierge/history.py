@@ -12,7 +12,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from graph.concierge.views import tool_error
+from agents.concierge.views import tool_error
 
 __all__ = ["call_ids", "repair_history", "transcript"]
 

@@ -33,8 +33,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
+from agents.booking.graph import COMPENSATION_BUDGET_S, BookingDeps, BookingError, classify
 from domain.booking import BookingStatus, ErrorCode, JournalKind
-from graph.booking import COMPENSATION_BUDGET_S, BookingDeps, BookingError, classify
 from graph.idempotency import idempotency_key, idempotent_node
 from graph.migrations import Migration
 from graph.tracing import traced_node

@@ -1,7 +1,7 @@
 """The approved effects on booking-agent: a booking capped at the approved total, a cancel, and the booking's journal
 relayed into the chat's as it is written.
 
-Each runs in the ``book`` step (once per approval, ``graph.concierge.graph``); booking-agent's ``Idempotency-Key``
+Each runs in the ``book`` step (once per approval, ``agents.concierge.graph``); booking-agent's ``Idempotency-Key``
 (``booking_key_for``) makes the booking one however often that step runs.
 """
 
@@ -14,11 +14,11 @@ import json
 import time
 from typing import Any, Final
 
+from agents.concierge.context import ConciergeDeps
+from agents.concierge.state import Approval, Done, Pending
+from agents.concierge.views import booking_view, third_party_text, tool_error
 from domain.booking import ErrorCode
 from domain.chat import ChatEventKind
-from graph.concierge.context import ConciergeDeps
-from graph.concierge.state import Approval, Done, Pending
-from graph.concierge.views import booking_view, third_party_text, tool_error
 from graph.outages import raise_if_waited_out
 from infra.auth import person_acted_for
 from infra.error_table import answer_for
