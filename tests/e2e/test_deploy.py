@@ -160,10 +160,10 @@ def new_code(tmp_path: Path) -> Copy:
         for package in PACKAGES:
             shutil.copytree(REPO_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
         if concierge:
-            module = root / "graph" / "concierge" / "graph.py"
+            module = root / "agents" / "concierge" / "graph.py"
             module.write_text(module.read_text() + CONCIERGE_CHANGE)
             return root
-        module = root / "graph" / "booking.py"
+        module = root / "agents" / "booking" / "graph.py"
         change = CHANGE.format(renamed=renamed or {}, added=added or [], key=key, keep=keep, migrate=migrate)
         module.write_text(module.read_text() + change)
         return root

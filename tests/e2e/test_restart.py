@@ -127,7 +127,7 @@ def test_a_rolling_restart_moves_every_service_onto_the_checkout_one_at_a_time_a
     assert in_flight.returncode == 0 and booking_id in in_flight.stdout, "handed off mid-charge, not finished"
 
     # the deploy: the checkout changes under the running stack, then every service moves onto it
-    module = code / "graph" / "booking.py"
+    module = code / "agents" / "booking" / "graph.py"
     original = module.read_text()
     module.write_text(original + CHANGE.format(renamed={"charge": "capture"}, added=[], key="", keep=False, migrate=""))
     before = {i.name: i.pid for i in state.instances}
