@@ -447,3 +447,40 @@ def test_up_without_redis_or_redis_server_fails_fast_and_says_how_to_get_one(tmp
         assert "REDIS_URL" in message
         # fails fast: refused before a supervisor or a service was started (and so before any ready timeout)
         assert read_state(StackPaths.at(tmp_path / "data")) is None
+
+
+def test_up_with_the_example_runs_restaurant_agent_and_a_table_is_held(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """docs/new-agent.md's agent is no default stack's, but ``up --with`` runs it, its graph in the worker's list."""
+    env = stack_env
+    up = concierge(env, "up", "--detach", "--with", "restaurant-agent", *port_flags(), timeout=180)
+    supervisor_log = tmp_path / "data" / "logs" / "supervisor.log"
+    assert up.returncode == 0, (
+        f"{up.stdout}\n{up.stderr}\n{supervisor_log.read_text() if supervisor_log.exists() else ''}"
+    )
+    try:
+        status = json.loads(concierge(env, "status", "--json").stdout)
+        instances = {i["name"]: i for i in status["instances"]}
+        assert set(instances) == set(DEFAULT_STACK) | {"restaurant-agent"}
+        worker_env = Path(f"/proc/{instances['recovery-worker']['pid']}/environ").read_bytes().split(b"\0")
+        assert b"DURABLE_AGENTS=agents.booking,agents.concierge,examples.restaurant" in worker_env
+        secrets = read_secrets(StackPaths.at(tmp_path / "data"))
+        assert secrets is not None
+        operator = {"Authorization": f"Bearer {secrets.admin_token}"}
+        restaurant = instances["restaurant-agent"]["url"]
+        table = {"hotel_id": "porto-01", "day": (dt.date.today() + dt.timedelta(days=33)).isoformat(), "guests": 3}
+        accepted = httpx.post(f"{restaurant}/tables", json=table, headers=operator, timeout=30)
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        deadline = time.monotonic() + 60
+        while (run := httpx.get(f"{restaurant}/runs/{run_id}", headers=operator, timeout=10).json())[
+            "status"
+        ] != "done":
+            assert time.monotonic() < deadline and run["status"] == "running", run
+            time.sleep(0.1)
+        ledger = httpx.get(f"{instances['hotel-api']['url']}/admin/ledger", headers=operator, timeout=10).json()
+        assert [r["status"] for r in ledger["reservations"] if r["reference"] == run_id] == ["held"]
+    finally:
+        down = concierge(env, "down", timeout=120)
+    assert down.returncode == 0, down.stderr
