@@ -33,6 +33,7 @@ COPY graph ./graph
 COPY infra ./infra
 COPY domain ./domain
 COPY resilience ./resilience
+COPY examples ./examples
 RUN pip install --no-deps --no-build-isolation . \
     && pip check \
     && rm -rf build *.egg-info \

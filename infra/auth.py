@@ -379,10 +379,11 @@ def admin_token_ok(header: str | None, expected: str) -> bool:
 # ---------------------------------------------------------------------------------------------------- providers
 
 PROVIDER_CLIENTS: Final[Mapping[str, tuple[str, ...]]] = {
-    "hotel-api": ("booking-agent", "search-agent"),
+    "hotel-api": ("booking-agent", "search-agent", "restaurant-agent"),
     "payment-api": ("payment-agent",),
 }
-"""Who each provider issues a key to. The recovery worker runs booking's graph and presents booking-agent's key."""
+"""Who each provider issues a key to. The recovery worker runs an agent's graph and presents that agent's key
+(restaurant-agent: the example of docs/new-agent.md, which holds its tables at hotel-api)."""
 PROVIDER_KEY_PREFIX: Final = "pk-sim-"
 """What a derived provider client key starts with (``provider_api_key``)."""
 _PROVIDER_KEY_SETTINGS: Final = {"hotel-api": "hotel_api_key", "payment-api": "payment_api_key"}

@@ -25,7 +25,7 @@ from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, R
 from infra.service import MAX_BODY_BYTES, create_service_app
 from infra.service.openapi import Answer, detail, document
 from infra.service.openapi import provider_error as provider_answer
-from providers.faults import ClientGoneError, FaultInjector, Faults, InjectedFaultError, faults_router
+from providers.faults import AnswerDelay, ClientGoneError, FaultInjector, Faults, InjectedFaultError, faults_router
 from providers.idempotency import IdempotencyKeyReusedError, MissingIdempotencyKeyError
 
 __all__ = [
@@ -251,6 +251,7 @@ def create_provider_app(
         app.include_router(business, dependencies=[Depends(FaultInjector(name, model=faults_model))])
         app.include_router(admin)
         app.include_router(faults_router(name, faults_model))
+        app.add_middleware(AnswerDelay, provider=name)  # inside the guards: only a business answer is delayed
         for route in business.routes:
             document(app, path=getattr(route, "path", ""), answers=[_INJECTED_FAULT])
     app.add_middleware(AdminGuard)

@@ -1,13 +1,17 @@
 """Fault injection for the simulated providers, driven over HTTP and kept in Redis.
 
-``PUT /admin/faults {"latency_s", "error_rate", "hang"}`` · ``GET /admin/faults`` · ``DELETE /admin/faults``.
+``PUT /admin/faults {"latency_s", "error_rate", "hang", "answer_delay_s"}`` · ``GET /admin/faults`` ·
+``DELETE /admin/faults``.
 State is one Redis key per provider, so every replica obeys it and it survives a restart. Applied to every
 business route (never to ``/admin`` or ``/health``), in this order:
 
 1. ``latency_s``: wait that long (cut short if the client leaves);
 2. ``error_rate``: with that probability answer 503 ``{"error": "injected_fault"}``;
 3. ``hang``: hold the request until the client disconnects (polled; a request is never held after its client
-   left), then drop it.
+   left), then drop it;
+4. ``answer_delay_s``: the route acts (its side effect committed), then its answer waits that long, and is dropped
+   if the client leaves meanwhile (``AnswerDelay``): "the provider acted, the answer was lost", for kill -9 tests.
+   Shown by ``GET /admin/faults`` only when set, so the answer without it is what it always was.
 
 A provider may take faults of its own besides (``model``: a subclass of ``Faults``): hotel-api's ``HotelFaults``
 change what it answers, not whether it does (``price_change_pct``: holds cost that much more than search showed;
@@ -30,9 +34,11 @@ from decimal import ROUND_HALF_UP, Decimal
 from functools import lru_cache
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from providers.keys import provider_key
 
@@ -41,6 +47,7 @@ __all__ = [
     "MAX_PRICE_CHANGE_PCT",
     "MIN_PRICE_CHANGE_PCT",
     "NO_FAULTS",
+    "AnswerDelay",
     "ClientGoneError",
     "FaultInjector",
     "Faults",
@@ -67,10 +74,19 @@ class Faults(BaseModel):
     latency_s: float = Field(0.0, ge=0, le=MAX_LATENCY_S, allow_inf_nan=False)
     error_rate: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
     hang: bool = False
+    answer_delay_s: float = Field(0.0, ge=0, le=MAX_LATENCY_S, allow_inf_nan=False)
+    """After the route has acted: how long its answer waits (``AnswerDelay``)."""
 
     @property
     def active(self) -> bool:
-        return self.latency_s > 0 or self.error_rate > 0 or self.hang
+        return self.latency_s > 0 or self.error_rate > 0 or self.hang or self.answer_delay_s > 0
+
+    def shown(self) -> dict[str, object]:
+        """What ``GET /admin/faults`` answers: every field, ``answer_delay_s`` only when set."""
+        shown = self.model_dump(mode="json")
+        if not self.answer_delay_s:
+            del shown["answer_delay_s"]
+        return shown
 
 
 NO_FAULTS = Faults()
@@ -205,29 +221,59 @@ async def hold(
         await sleep(min(poll_interval_s, left))
 
 
+class AnswerDelay:
+    """Pure ASGI: a business route's answer waits ``answer_delay_s`` after the route has acted (its side effect is
+    committed), and is dropped if the client leaves meanwhile. The faults are the ones the injector read for the
+    request (``request.state.faults``): no fault, or a route the injector does not guard, passes straight through."""
+
+    def __init__(self, app: ASGIApp, *, provider: str) -> None:
+        self.app = app
+        self.provider = provider
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        gone = False
+
+        async def delayed(message: Message) -> None:
+            nonlocal gone
+            faults = scope.get("state", {}).get("faults")
+            if message["type"] == "http.response.start" and isinstance(faults, Faults) and faults.answer_delay_s > 0:
+                fault_metrics().injected.labels(self.provider, "answer_delay").inc()
+                try:
+                    await hold(Request(scope, receive), faults.answer_delay_s)
+                except ClientGoneError:
+                    gone = True  # the provider acted; nobody is left to hear it
+            if not gone:
+                await send(message)
+
+        await self.app(scope, receive, delayed)
+
+
 def faults_router(provider: str, model: type[Faults] = Faults) -> APIRouter:
     """``/admin/faults`` for ``provider``, its body ``model`` (documented as such in the OpenAPI)."""
     router = APIRouter(prefix="/admin/faults", tags=["admin"])
 
     @router.get("", response_model=model)
-    async def get_faults(request: Request) -> Faults:
-        return await load_faults(request.app.state.redis, provider, model)
+    async def get_faults(request: Request) -> Response:
+        return JSONResponse((await load_faults(request.app.state.redis, provider, model)).shown())
 
-    async def put_faults(faults: Faults, request: Request) -> Faults:
+    async def put_faults(faults: Faults, request: Request) -> Response:
         redis: Redis = request.app.state.redis
         await redis.set(faults_key(provider), faults.model_dump_json())
-        logger.warning("%s: faults set to %s", provider, faults.model_dump())
-        return faults
+        logger.warning("%s: faults set to %s", provider, faults.shown())
+        return JSONResponse(faults.shown())
 
     # the body is validated as the provider's own model: FastAPI reads the annotation, so it is set per router
     put_faults.__annotations__["faults"] = model
     router.put("", response_model=model)(put_faults)
 
     @router.delete("", response_model=model)
-    async def delete_faults(request: Request) -> Faults:
+    async def delete_faults(request: Request) -> Response:
         redis: Redis = request.app.state.redis
         await redis.delete(faults_key(provider))
         logger.info("%s: faults cleared", provider)
-        return model()
+        return JSONResponse(model().shown())
 
     return router

@@ -5,7 +5,8 @@
 
 A shape not in the list is a new version: runs started on the old one wait for a process that runs it, so the old
 builder must be kept (``BOOKING_BUILDERS``) or a migration declared before the new code is deployed. The graphs are
-the ones the recovery worker runs: those the packages of ``DURABLE_AGENTS`` declare (``recovery.registry``).
+the ones the recovery worker runs: those the packages of ``DURABLE_AGENTS`` declare (``recovery.registry``), and the
+optional rows' of the service table (``concierge up --with``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infra.settings import get_settings
 from recovery.registry import load_durable_graphs
 from runs.versions import VERSIONS_FILE, graph_fingerprint, graph_shape
+from stack.services import SERVICES
 
 
 def families() -> dict[str, Sequence[Callable[..., Any]]]:
-    """Graph name → its builders, current first: what the recovery worker runs."""
-    return {graph.name: graph.builders for graph in load_durable_graphs(get_settings().durable_agents)}
+    """Graph name → its builders, current first: what the recovery worker runs (with the optional rows of the
+    service table that ``concierge up --with`` adds to it: docs/new-agent.md's example)."""
+    packages = list(get_settings().durable_agents)
+    packages += [s.package for s in SERVICES.values() if s.optional and s.durable and s.package not in packages]
+    return {graph.name: graph.builders for graph in load_durable_graphs(packages)}
 
 
 def shapes() -> Iterator[tuple[str, int, str, dict[str, Any]]]:

@@ -109,10 +109,16 @@ def plan_instances(
     scale: Mapping[str, int] | None = None,
     port_base: int | None = None,
     ports: Mapping[str, int] | None = None,
+    with_services: Iterable[str] = (),
 ) -> tuple[Instance, ...]:
-    """Every instance of the stack in table order (dependencies first), replicas of a service together."""
+    """Every instance of the stack in table order (dependencies first), replicas of a service together; an
+    ``optional`` row only when ``with_services`` names it."""
     scale = dict(scale or {})
     ports = dict(ports or {})
+    named = set(with_services)
+    for name in named:
+        get_service(name)
+    table = [spec for spec in SERVICES.values() if not spec.optional or spec.name in named]
     for name, count in scale.items():
         get_service(name)
         if not 1 <= count <= MAX_REPLICAS:
@@ -120,14 +126,14 @@ def plan_instances(
     base = DEFAULT_PORT_BASE if port_base is None else port_base
     shift = base - DEFAULT_PORT_BASE
     first: dict[str, int] = {}
-    for spec in SERVICES.values():
+    for spec in table:
         if spec.name in ports:
             first[spec.name] = _check_port(ports[spec.name], f"--port {spec.name}")
         else:
             first[spec.name] = _check_port(spec.port + shift, f"--port-base {base} ({spec.name})")
     next_extra = max(first.values()) + 1
     instances: list[Instance] = []
-    for spec in SERVICES.values():
+    for spec in table:
         count = scale.get(spec.name, 1)
         instances.append(Instance(spec, 1, count, first[spec.name]))
         for replica in range(2, count + 1):

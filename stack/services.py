@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-__all__ = ["DEPLOYED", "SERVICES", "ServiceKind", "ServiceSpec", "UnknownServiceError", "deployed", "get_service"]
+__all__ = [
+    "DEFAULT_STACK",
+    "DEPLOYED",
+    "SERVICES",
+    "ServiceKind",
+    "ServiceSpec",
+    "UnknownServiceError",
+    "deployed",
+    "get_service",
+]
 
 ServiceKind = Literal["provider", "agent", "worker", "tooling"]
 """provider: a simulated outside world (one replica, host's loopback only); agent: a durable A2A agent; worker: durable,
@@ -41,6 +50,13 @@ class ServiceSpec:
     """False: ``serve`` and ``up`` run it, but compose, Kubernetes and Prometheus leave it out."""
     metrics: bool = field(default=True, kw_only=True)
     """Serves /metrics: Prometheus scrapes it."""
+    optional: bool = field(default=False, kw_only=True)
+    """Outside the default stack (an example of examples/): ``up`` runs it only when ``--with NAME`` names it."""
+
+    @property
+    def package(self) -> str:
+        """The package of its app's module (``examples.restaurant`` for ``examples.restaurant.app:app``)."""
+        return self.app.partition(":")[0].rpartition(".")[0]
 
     @property
     def durable(self) -> bool:
@@ -99,6 +115,17 @@ SERVICES: Mapping[str, ServiceSpec] = MappingProxyType(
                 depends_on=("llm-api", "search-agent", "booking-agent"),
                 mounts_issuer=True,
             ),
+            # docs/new-agent.md's worked example: `concierge up --with restaurant-agent` (or `concierge serve`) runs it
+            ServiceSpec(
+                "restaurant-agent",
+                "examples.restaurant.app:app",
+                8004,
+                "RESTAURANT_AGENT_URL",
+                depends_on=("hotel-api",),
+                mounts_issuer=True,
+                deployed=False,
+                optional=True,
+            ),
             # last: it watches the others (and drives them through the supervisor when ``concierge up`` runs it)
             ServiceSpec("console", "stack.webconsole:app", 8090, "CONSOLE_URL", kind="tooling"),
         )
@@ -112,6 +139,8 @@ def deployed(services: Mapping[str, ServiceSpec] = SERVICES) -> Mapping[str, Ser
 
 
 DEPLOYED = deployed()
+DEFAULT_STACK: Mapping[str, ServiceSpec] = MappingProxyType({n: s for n, s in SERVICES.items() if not s.optional})
+"""What ``concierge up`` runs unless ``--with`` names an optional row too."""
 
 
 def get_service(name: str) -> ServiceSpec:

@@ -84,6 +84,15 @@ def register_up(subparsers: Subparsers) -> None:
     parser.add_argument("--port-base", type=int, default=None, metavar="N", help="shift every port (default 8000)")
     parser.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help="one service's port")
     parser.add_argument(
+        "--with",
+        action="append",
+        default=[],
+        dest="with_services",
+        metavar="NAME",
+        help="also run this optional service of the table (an example: restaurant-agent, docs/new-agent.md); the "
+        "recovery worker then resumes its graphs too",
+    )
+    parser.add_argument(
         "--host",
         default="127.0.0.1",
         help="interface the services bind (default 127.0.0.1); from elsewhere they answer by IP address, or by the "
@@ -109,6 +118,7 @@ def _up(args: argparse.Namespace) -> int:
         scale=parse_assignments(args.scale, option="--scale"),
         port_base=args.port_base,
         ports=parse_assignments(args.port, option="--port"),
+        with_services=args.with_services,
     )
     _check_secret()
     if supervisor_running(paths):
@@ -152,7 +162,7 @@ async def _config(
         instances=instances,
         redis=redis,
         command=concierge_command(),
-        base_env=_with_people(dict(os.environ)),
+        base_env=_with_durable_agents(_with_people(dict(os.environ)), instances),
         host=args.host,
         grace_s=args.grace,
         ready_timeout_s=args.timeout,
@@ -182,6 +192,17 @@ def _with_people(env: dict[str, str]) -> dict[str, str]:
         "CONCIERGE_AUTH_ISSUER": issuer.issuer,
         "CONCIERGE_AUTH_JWKS_FILE": str(issuer.jwks_path.resolve()),
     }
+
+
+def _with_durable_agents(env: dict[str, str], instances: Sequence[Instance]) -> dict[str, str]:
+    """An optional durable service's package added to ``DURABLE_AGENTS``, so the recovery worker resumes its runs."""
+    packages = list(get_settings().durable_agents)
+    for instance in instances:
+        if instance.spec.optional and instance.spec.durable and instance.spec.package not in packages:
+            packages.append(instance.spec.package)
+    if packages != list(get_settings().durable_agents):
+        env["DURABLE_AGENTS"] = ",".join(packages)
+    return env
 
 
 def _check_leftovers(paths: StackPaths) -> None:

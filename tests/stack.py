@@ -36,7 +36,7 @@ import psycopg
 from domain.booking import FINAL_BOOKING_STATUSES
 from infra.auth import PROVIDER_CLIENTS, derived_provider_key, mint_service_token
 from stack.login import login_url
-from stack.services import SERVICES, ServiceSpec
+from stack.services import DEFAULT_STACK, SERVICES, ServiceSpec
 from tests.procs import Processes, ServiceProcess, concierge_command, free_port
 
 
@@ -120,7 +120,8 @@ class Stack:
             "CONCIERGE_LOG_LEVEL": "INFO",
             # people's identities off unless a test turns them on (tests/e2e/test_identities.py; docs/people.md)
             "CONCIERGE_AUTH": os.environ.get("CONCIERGE_AUTH", "off"),
-            **{URL_ENV[name]: f"http://127.0.0.1:{port}" for name, port in self.ports.items()},
+            # an optional row (an example) has a port, but its peers are not told of it: it is no stack's default
+            **{URL_ENV[name]: f"http://127.0.0.1:{port}" for name, port in self.ports.items() if name in DEFAULT_STACK},
         }
         if database_url:
             self.env["DATABASE_URL"] = database_url

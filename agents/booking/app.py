@@ -121,6 +121,7 @@ from resilience import (
     remaining_budget,
     wait_for_slots,
 )
+from runs.api import RUN_VIEW_STATE, RunView, runs_router
 from runs.host import RunHost, hosted_instance
 from runs.leases import RunStore
 from runs.versions import graph_fingerprint
@@ -493,6 +494,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             cancellation=build_cancellation_graph(deps, saver),
         )
         app.state.booking = service
+        graphs = {GRAPH: graph, CANCELLATION_GRAPH: service.cancellation}
+        setattr(app.state, RUN_VIEW_STATE, RunView(service.runs, graphs))  # GET /runs/{id}
         app.state.vitals.runs_in_flight = lambda: len(service.host.tasks)
         # SIGTERM (the shell's ``stopping``): runs stop at their next step boundary, long-polls answer at once
         app.state.stopping.add(service.host.stopping.set)
@@ -508,6 +511,7 @@ async def _checkpointer_ready() -> None:
 
 
 app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready}, people=True)
+app.include_router(runs_router())
 
 
 class ShedAtTheDoor:

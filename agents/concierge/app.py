@@ -69,6 +69,7 @@ from infra.settings import get_settings
 from infra.tasks import stop_task
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import remaining_budget
+from runs.api import RUN_VIEW_STATE, RunView, runs_router
 from runs.host import RunHost, hosted_instance
 from runs.leases import RunLease, RunRecord, RunStatus, RunStore
 from runs.runner import RunInput
@@ -426,6 +427,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         guard = QueueGuard(redis, DeadLetterQueue(redis))
         service = ConciergeService(deps, graph, RunStore(redis), guard, instance)
         app.state.concierge = service
+
+        async def chat_owner(record: RunRecord) -> str | None:
+            return (await deps.chats.owner(record.thread_id))[1]  # a turn's thread is its chat
+
+        setattr(app.state, RUN_VIEW_STATE, RunView(service.runs, {CONCIERGE_GRAPH: graph}, chat_owner))
         app.state.stopping.add(service.host.stopping.set)
         app.state.stopping.add(service.hub.wake)  # open streams end at once, with ``shutting_down``
         interval = settings.approval_sweep_interval_s
@@ -448,6 +454,7 @@ async def _checkpointer_ready() -> None:
 
 
 app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready}, people=True)
+app.include_router(runs_router())
 
 
 def _service() -> ConciergeService:

@@ -14,6 +14,7 @@ import pytest
 
 from providers.inventory import HOTELS
 from tests.e2e.conftest import SHARED_CORE
+from tests.kill_kit import assert_one_per_reference, ledger_entries, wait_for_run
 from tests.stack import Stack, stay
 
 pytestmark = [pytest.mark.e2e, SHARED_CORE]
@@ -75,10 +76,9 @@ def test_declined_card_fails_and_leaves_nothing_behind(stack: Stack) -> None:
     assert booking["error"]["code"] == "payment_declined"
 
     reference = booking["booking_id"]
-    reservations = [r for r in stack.ledger("hotel-api")["reservations"] if r["reference"] == reference]
+    reservations = ledger_entries(stack, "hotel-api", reference)
     assert reservations and all(r["status"] == "cancelled" for r in reservations), reservations
-    charges = [c for c in stack.ledger("payment-api")["charges"] if c["reference"] == reference]
-    assert not [c for c in charges if c["status"] == "captured"]
+    assert not [c for c in ledger_entries(stack, "payment-api", reference) if c["status"] == "captured"]
 
 
 def test_same_idempotency_key_gives_the_same_booking(stack: Stack) -> None:
@@ -96,8 +96,16 @@ def test_same_idempotency_key_gives_the_same_booking(stack: Stack) -> None:
     )
     assert changed.status_code == 422
     assert "Idempotency-Key" in changed.text
-    refs = [r for r in stack.ledger("payment-api")["charges"] if r["reference"] == first["booking_id"]]
-    assert len(refs) == 1
+    assert_one_per_reference(stack, "payment-api", first["booking_id"])
+
+
+def test_a_booking_run_is_read_back_by_get_runs_and_an_unknown_one_is_404(stack: Stack) -> None:
+    booking_id = stack.book(checkin=stay(days_ahead=71)[0], checkout=stay(days_ahead=71)[1])["booking_id"]
+    assert stack.wait(booking_id)["status"] == "confirmed"
+    run = wait_for_run(stack, "booking-agent", booking_id)
+    assert (run["graph"], run["status"], run["held_by"], run["checkpoint"]["next"]) == ("booking", "done", None, [])
+    assert run["checkpoint"]["graph_version"] == run["version"] and "input" not in run
+    assert stack.http.get(f"{stack.url('booking-agent')}/runs/{uuid.uuid4().hex}").status_code == 404
 
 
 def test_hotel_api_down_opens_the_breaker_and_bookings_wait_it_out_within_their_budget(clean_faults: Stack) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from stack.services import SERVICES
+from stack.services import DEFAULT_STACK, SERVICES
 from stack.state import StackPaths, pid_alive, read_state
 from tests.procs import concierge_env, free_port
 
@@ -122,11 +122,11 @@ def test_book_kill_the_agent_from_the_page_and_watch_the_recovery(
         browser,
         "every instance but the console",
         lambda d: (
-            len(d.find_elements(By.CSS_SELECTOR, "#services tbody tr")) == len(SERVICES) - 1
+            len(d.find_elements(By.CSS_SELECTOR, "#services tbody tr")) == len(DEFAULT_STACK) - 1
             and d.find_elements(By.CSS_SELECTOR, "#services tbody tr")
         ),
     )
-    assert {row.get_attribute("data-instance") for row in rows} == set(SERVICES) - {"console"}
+    assert {row.get_attribute("data-instance") for row in rows} == set(DEFAULT_STACK) - {"console"}
     kill = browser.find_element(By.CSS_SELECTOR, "button[data-op=kill][data-target=booking-agent]")
     assert kill.is_displayed()
 

@@ -29,7 +29,7 @@ from stack.control import call
 from stack.errors import ControlError
 from stack.layout import plan_instances
 from stack.redis_server import RedisPlan
-from stack.services import SERVICES
+from stack.services import DEFAULT_STACK, SERVICES
 from stack.state import StackPaths, pid_alive, read_secrets, read_state
 from stack.supervisor import RestartPolicy, Supervisor, SupervisorConfig
 from tests.procs import concierge_command, concierge_env, free_port
@@ -321,7 +321,7 @@ def test_up_book_kill_mid_booking_status_and_down(stack_env: dict[str, str], tmp
     urls = {i["name"]: i["url"] for i in status["instances"]}
     assert {i["status"] for i in status["instances"]} == {"up"}
     assert httpx.get(f"{urls['payment-api']}/admin/ledger", timeout=10).status_code == 401
-    assert set(urls) == set(SERVICES)  # the web console among them
+    assert set(urls) == set(DEFAULT_STACK)  # the web console among them
 
     checkin = (dt.date.today() + dt.timedelta(days=50)).isoformat()
     book_args = ("book", "--city", "Lisbon", "--checkin", checkin, "--nights", "2", "--guests", "2")
@@ -447,3 +447,40 @@ def test_up_without_redis_or_redis_server_fails_fast_and_says_how_to_get_one(tmp
         assert "REDIS_URL" in message
         # fails fast: refused before a supervisor or a service was started (and so before any ready timeout)
         assert read_state(StackPaths.at(tmp_path / "data")) is None
+
+
+def test_up_with_the_example_runs_restaurant_agent_and_a_table_is_held(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """docs/new-agent.md's agent is no default stack's, but ``up --with`` runs it, its graph in the worker's list."""
+    env = stack_env
+    up = concierge(env, "up", "--detach", "--with", "restaurant-agent", *port_flags(), timeout=180)
+    supervisor_log = tmp_path / "data" / "logs" / "supervisor.log"
+    assert up.returncode == 0, (
+        f"{up.stdout}\n{up.stderr}\n{supervisor_log.read_text() if supervisor_log.exists() else ''}"
+    )
+    try:
+        status = json.loads(concierge(env, "status", "--json").stdout)
+        instances = {i["name"]: i for i in status["instances"]}
+        assert set(instances) == set(DEFAULT_STACK) | {"restaurant-agent"}
+        worker_env = Path(f"/proc/{instances['recovery-worker']['pid']}/environ").read_bytes().split(b"\0")
+        assert b"DURABLE_AGENTS=agents.booking,agents.concierge,examples.restaurant" in worker_env
+        secrets = read_secrets(StackPaths.at(tmp_path / "data"))
+        assert secrets is not None
+        operator = {"Authorization": f"Bearer {secrets.admin_token}"}
+        restaurant = instances["restaurant-agent"]["url"]
+        table = {"hotel_id": "porto-01", "day": (dt.date.today() + dt.timedelta(days=33)).isoformat(), "guests": 3}
+        accepted = httpx.post(f"{restaurant}/tables", json=table, headers=operator, timeout=30)
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        deadline = time.monotonic() + 60
+        while (run := httpx.get(f"{restaurant}/runs/{run_id}", headers=operator, timeout=10).json())[
+            "status"
+        ] != "done":
+            assert time.monotonic() < deadline and run["status"] == "running", run
+            time.sleep(0.1)
+        ledger = httpx.get(f"{instances['hotel-api']['url']}/admin/ledger", headers=operator, timeout=10).json()
+        assert [r["status"] for r in ledger["reservations"] if r["reference"] == run_id] == ["held"]
+    finally:
+        down = concierge(env, "down", timeout=120)
+    assert down.returncode == 0, down.stderr

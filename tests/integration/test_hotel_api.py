@@ -571,6 +571,44 @@ async def test_a_hanging_request_is_really_held(redis: object) -> None:
         assert await settles(0) == 0
 
 
+async def ledger_references(client: httpx.AsyncClient) -> list[str]:
+    return [r["reference"] for r in (await client.get("/admin/ledger")).json()["reservations"]]
+
+
+async def test_an_answer_delay_holds_the_answer_after_the_side_effect_is_committed(redis: object) -> None:
+    async with (
+        serve_in_process(hotel_api.create_app()) as url,
+        httpx.AsyncClient(base_url=url, auth=AUTH) as client,
+    ):
+        put = await client.put("/admin/faults", json={"answer_delay_s": 60})
+        assert put.json()["answer_delay_s"] == 60
+        call = asyncio.create_task(reserve(client, stay("rome-01", reference="delayed"), key="k-delayed"))
+        deadline = asyncio.get_running_loop().time() + 30
+        while "delayed" not in await ledger_references(client):  # the provider acted...
+            assert asyncio.get_running_loop().time() < deadline, "the reservation never reached the ledger"
+            await asyncio.sleep(0.02)
+        assert not call.done()  # ...and its answer still waits
+        call.cancel()  # the client leaves: the answer is lost, the reservation stays
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert (await client.delete("/admin/faults")).json().get("answer_delay_s") is None  # shown only when set
+        replay = await reserve(client, stay("rome-01", reference="delayed"), key="k-delayed")
+        assert replay.status_code == 201 and replay.headers["Idempotent-Replayed"] == "true"
+        assert (await ledger_references(client)).count("delayed") == 1
+
+
+async def test_an_answer_delay_is_answered_once_it_is_over(redis: object) -> None:
+    async with (
+        serve_in_process(hotel_api.create_app()) as url,
+        httpx.AsyncClient(base_url=url, auth=AUTH) as client,
+    ):
+        await client.put("/admin/faults", json={"answer_delay_s": 0.2})
+        assert (await reserve(client, stay("rome-01", reference="late"))).status_code == 201
+        assert (await client.get("/health")).status_code == 200
+        await client.delete("/admin/faults")
+        assert (await ledger_references(client)).count("late") == 1
+
+
 def test_rooms_rule_is_ceil_guests_over_two() -> None:
     from domain.booking import rooms_for
 

@@ -28,7 +28,7 @@ from stack.llm_faults import describe_llm_faults, llm_fault_body
 from stack.logstream import LogStreamer
 from stack.ops import fault_body, parse_when, wait_for_booking_status
 from stack.redis_server import RedisPlan
-from stack.services import SERVICES, UnknownServiceError
+from stack.services import DEFAULT_STACK, SERVICES, UnknownServiceError
 from stack.state import (
     InstanceState,
     RedisState,
@@ -74,7 +74,7 @@ def one_line(err: str) -> str:
 
 def test_default_plan_is_the_service_table() -> None:
     instances = plan_instances()
-    assert [(i.name, i.port) for i in instances] == [(s.name, s.port) for s in SERVICES.values()]
+    assert [(i.name, i.port) for i in instances] == [(s.name, s.port) for s in DEFAULT_STACK.values()]
 
 
 def test_port_base_shifts_every_port_and_port_overrides_one() -> None:
