@@ -13,12 +13,14 @@ Imported by ``agents.concierge.mcp_edge`` with the first caller, never at start.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import mcp_types as types
@@ -128,6 +130,11 @@ def _asking(asked: calls.Asked) -> types.InputRequiredResult:
     return types.InputRequiredResult(input_requests={APPROVAL_KEY: question}, request_state=state)
 
 
+def _expiry(asked: calls.Asked) -> float:
+    """When the approval expires, seconds since the epoch (``expires_at`` is ISO 8601, ``Z``)."""
+    return datetime.fromisoformat(asked.approval["expires_at"].replace("Z", "+00:00")).timestamp()
+
+
 def _question(asked: calls.Asked) -> str:
     return f"Approve this? {describe_approval(asked.approval)}. Nothing happens unless you accept."
 
@@ -220,11 +227,12 @@ async def _call(
     capabilities = ctx.session.client_capabilities
     if capabilities is None or capabilities.elicitation is None:
         return _awaiting(asked, "this client cannot ask you (no elicitation)")
-    left = float(time.time())
-    try:
-        elicited = await ctx.session.elicit_form(_question(asked), CONSENT_SCHEMA)
-    except Exception as exc:  # the session's back channel failed: the approval stays pending, decidable elsewhere
-        logger.info("MCP elicitation of %s not answered after %.1fs: %s", asked.chat_id, time.time() - left, exc)
+    asked_at = time.time()
+    try:  # the person has until the approval expires; the sweeper decides it then, whatever this session does
+        async with asyncio.timeout(max(0.0, _expiry(asked) - asked_at)):
+            elicited = await ctx.session.elicit_form(_question(asked), CONSENT_SCHEMA)
+    except Exception as exc:  # no answer on this session: the approval stays pending, decidable elsewhere
+        logger.info("MCP elicitation in %s not answered after %.1fs: %s", asked.chat_id, time.time() - asked_at, exc)
         return _awaiting(asked, "the question could not be put to you on this connection")
     approve = elicited.action == "accept"
     return await _decided(service, asked.chat_id, asked.approval["approval_id"], approve, progress)

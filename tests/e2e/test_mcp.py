@@ -358,3 +358,54 @@ def test_bad_input_is_a_tool_error_naming_the_field(stack: Stack, issuer: LocalI
         assert result.is_error, result
         assert result.structured_content["error"]["message"].startswith(field), result.structured_content
     assert unknown.structured_content["error"]["code"] == "not_offered"
+
+
+def test_an_approval_no_session_can_ask_is_kept_for_the_console_or_the_cli(stack: Stack, issuer: LocalIssuer) -> None:
+    who = new_person(issuer)
+
+    async def story() -> dict[str, Any]:
+        async with client(stack, who, mode="legacy") as c:  # no elicitation: the question has nowhere to go
+            args, offer = await an_offer(c)
+            waiting = await c.call_tool("book_hotel", {**args, "hotel_id": offer["hotel_id"]})
+            assert not waiting.is_error, waiting
+            return dict(waiting.structured_content)
+
+    waiting = run(story())
+    assert waiting["status"] == "awaiting_approval" and "concierge chat --chat" in waiting["message"], waiting
+    chat_id, approval = waiting["chat_id"], waiting["approval"]
+    base = stack.url("concierge-agent")
+    listed = httpx.get(f"{base}/chats", headers=who, timeout=30).json()["chats"]
+    assert [c["status"] for c in listed if c["chat_id"] == chat_id] == ["awaiting_approval"], listed
+    shown = httpx.get(f"{base}/chats/{chat_id}", headers=who, timeout=30).json()
+    assert shown["pending_approval"]["approval_id"] == approval["approval_id"], shown
+    # what the console's approve button and `concierge chat --chat ID` send
+    decided = httpx.post(
+        f"{base}/chats/{chat_id}/approvals/{approval['approval_id']}", json={"approve": True}, headers=who, timeout=30
+    )
+    assert decided.status_code == 202, decided.text
+    view = httpx.get(f"{base}/chats/{chat_id}", params={"wait": 30}, headers=who, timeout=60).json()
+    assert view["status"] == "idle" and len(view["bookings"]) == 1, view
+    holds, charges = holds_and_charges(stack, view["bookings"][0])
+    assert len(holds) == 1 and len(charges) == 1
+
+
+def test_a_cancel_is_approved_with_its_refund_and_fee_named(stack: Stack, issuer: LocalIssuer) -> None:
+    who = new_person(issuer)
+
+    async def story() -> tuple[str, str, dict[str, Any]]:
+        async with client(stack, who) as c:
+            args, offer = await an_offer(c)
+            args = {**args, "hotel_id": offer["hotel_id"]}
+            booked = await answer(c, "book_hotel", args, await ask_to_book(c, args), "accept")
+            assert isinstance(booked, types.CallToolResult) and booked.structured_content["status"] == "confirmed"
+            booking_id = booked.structured_content["booking_id"]
+            cancel = {"booking_id": booking_id}
+            asked = await c.session.call_tool("cancel_booking", cancel, allow_input_required=True)
+            assert isinstance(asked, types.InputRequiredResult), asked
+            cancelled = await answer(c, "cancel_booking", cancel, asked, "accept")
+            assert isinstance(cancelled, types.CallToolResult) and not cancelled.is_error, cancelled
+            return booking_id, question(asked), dict(cancelled.structured_content)
+
+    booking_id, words, cancelled = run(story())
+    assert f"cancel booking {booking_id}" in words and "refund" in words and "fee" in words, words
+    assert cancelled["status"] == "cancelled" and cancelled["booking_id"] == booking_id, cancelled
