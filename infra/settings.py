@@ -250,6 +250,21 @@ class Settings(BaseSettings):
         gt=0,
         description="The time budget of one chat turn (its model calls and tools), as BOOKING_BUDGET_S is a booking's.",
     )
+    # MCP at concierge-agent's /mcp (docs/mcp.md)
+    mcp_wait_s: float = Field(
+        20.0,
+        validation_alias="MCP_WAIT_S",
+        gt=0,
+        description="How long an approved MCP tool call waits for the booking's final status before answering "
+        "pending (with the booking id to follow); progress notifications meanwhile.",
+    )
+    mcp_payment_token: str = Field(
+        "tok_visa",
+        validation_alias="MCP_PAYMENT_TOKEN",
+        pattern=r"^tok_[A-Za-z0-9_]+$",
+        description="The card a booking made over MCP is charged to: the person's card on file (the simulated "
+        "payment-api's token); an MCP client never names one.",
+    )
 
     # the model (infra/llm, docs/model-dependency.md)
     llm_base_url: str | None = Field(

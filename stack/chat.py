@@ -25,7 +25,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from domain import currency_code, describe_cancellation, hotel_named, quoted
+from domain import currency_code, quoted
+from domain.approvals import describe_approval
 from domain.booking import FINAL_BOOKING_STATUSES, JournalKind
 from infra.settings import get_settings
 from stack.book import booking_agent_urls
@@ -390,34 +391,6 @@ def _result_summary(entry: Mapping[str, Any]) -> str:
             return f"booking {result['booking_id']} {result.get('status', '')}".rstrip()
     text = json.dumps(result, separators=(",", ":"))
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-def describe_approval(approval: Mapping[str, Any]) -> str:
-    """The terms as the server holds them first, then the hotel as hotel-api names it, quoted
-    (``domain.third_party``): a name cannot pose as the terms."""
-    price = approval.get("total_price")
-    currency = currency_code(approval.get("currency"))
-    total = f"{price:.2f}" if isinstance(price, int | float) else quoted(price)
-    stay = (
-        f"{approval.get('checkin')} → {approval.get('checkout')}, {approval.get('guests')} guest(s), "
-        f"total {total} {currency}"
-    )
-    hotel = hotel_named(approval.get("hotel_id"), approval.get("hotel_name"))
-    if approval.get("action") == "cancel":
-        refund = approval.get("refund")
-        back = (
-            f"refund {refund['amount']:.2f} {currency} (fee {refund['fee']:.2f} {currency})"
-            if isinstance(refund, Mapping)
-            else "not confirmed yet: anything charged is refunded"
-        )
-        return (
-            f"approval {approval.get('approval_id')}: cancel booking {approval.get('booking_id')}, {stay}: {back}, "
-            f"expires {approval.get('expires_at')}; {hotel}"
-        )
-    return (
-        f"approval {approval.get('approval_id')}: book {stay}, {describe_cancellation(approval.get('cancellation'))}, "
-        f"expires {approval.get('expires_at')}; {hotel}"
-    )
 
 
 def run_turn(

@@ -6,6 +6,7 @@ machine's local issuer (``concierge up`` makes it in its data directory; ``$CONC
 so the README's commands stay short. ``$CONCIERGE_TOKEN`` (a token from a real OIDC provider) wins over minting.
 
     concierge token [--user NAME] [--ttl S]   print a person's token (for curl: -H "Authorization: Bearer ...")
+    concierge token --mcp [--url URL]          the same token in an MCP host's JSON config of concierge-agent's /mcp
     concierge issuer [--dir D]                 make (or keep) a local issuer; print the services' settings for it
     concierge console-url [--ttl S]            print a one-time login link to the web console (the operator's)
 """
@@ -34,6 +35,7 @@ __all__ = [
     "default_user",
     "issuer_dir",
     "local_issuer",
+    "mcp_host_config",
     "person_headers",
     "person_token",
     "register_console_url",
@@ -100,6 +102,10 @@ def register_token(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("token", help="print a person's bearer token (from the local issuer)")
     add_user_option(parser)
     parser.add_argument("--ttl", default=None, metavar="S", help=f"seconds it lives (default {TOKEN_TTL_S:g})")
+    parser.add_argument(
+        "--mcp", action="store_true", help="print an MCP host's JSON config with the token instead (docs/mcp.md)"
+    )
+    parser.add_argument("--url", default=None, help="with --mcp: concierge-agent's URL (default: the running stack's)")
     parser.set_defaults(handler=_token)
 
 
@@ -119,8 +125,21 @@ def _token(args: argparse.Namespace) -> int:
     issuer = local_issuer()
     if issuer is None:
         raise StackError(f"no local issuer in {issuer_dir()}: run `concierge up` (or `concierge issuer`) first")
-    print(issuer.mint(user, audience=get_settings().auth_audience, ttl_s=ttl))
+    token = issuer.mint(user, audience=get_settings().auth_audience, ttl_s=ttl)
+    print(mcp_host_config(token, args.url) if args.mcp else token)
     return EXIT_OK
+
+
+def mcp_host_config(token: str, url: str | None = None) -> str:
+    """An MCP host's JSON config of concierge-agent's ``/mcp`` (``mcpServers``, as desktop and IDE hosts read it):
+    its URL and the person's bearer token (docs/mcp.md)."""
+    import json
+
+    from stack.target import service_urls
+
+    base = service_urls("concierge-agent", url, get_settings().concierge_agent_url)[0].rstrip("/")
+    server = {"type": "http", "url": f"{base}/mcp", "headers": {"Authorization": f"Bearer {token}"}}
+    return json.dumps({"mcpServers": {"concierge": server}}, indent=2)
 
 
 def register_issuer(subparsers: Subparsers) -> None:

@@ -36,9 +36,12 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import ServerSentEvent
+from starlette.routing import Route
 
+from agents.concierge.approved_call import APPROVED_CALL_GRAPH, build_approved_call_graph
 from agents.concierge.context import ConciergeDeps, open_concierge_deps
 from agents.concierge.graph import CONCIERGE_GRAPH, build_concierge_graph, turn_is_final
+from agents.concierge.mcp_edge import MCP_PATH, METADATA_PATH, McpEdge, protected_resource
 from agents.concierge.prompts import system_prompt
 from agents.concierge.state import turn_input
 from agents.concierge.tools import offer_for
@@ -151,11 +154,22 @@ def _status_of(record: RunRecord | None) -> ChatStatus:
 class ConciergeService:
     """The agent's state: stores, graph, and the turns it runs in this process."""
 
-    def __init__(self, deps: ConciergeDeps, graph: Any, runs: RunStore, guard: QueueGuard, instance: str) -> None:
+    def __init__(
+        self,
+        deps: ConciergeDeps,
+        graph: Any,
+        runs: RunStore,
+        guard: QueueGuard,
+        instance: str,
+        calls: Any = None,
+    ) -> None:
         self.deps = deps
         self.graph = graph
         self.version = None if graph is None else graph_fingerprint(graph)
         """What every turn this process begins records: the shape it runs on (``runs.versions``)."""
+        self.calls = calls
+        """The graph of an MCP host's approved calls (``agents.concierge.approved_call``), parked like a turn."""
+        self.calls_version = None if calls is None else graph_fingerprint(calls)
         self.runs = runs
         self.guard = guard
         self.instance = instance
@@ -240,10 +254,15 @@ class ConciergeService:
             raise HTTPException(status_code=404, detail=f"no approval {approval_id} in chat {chat_id}")
         if decision.lease is not None:
             await self._note_decision(chat_id, approval_id, decision.answer)
-            self.start(decision.lease, Command(resume=decision.answer))
+            self.start(decision.lease, Command(resume=decision.answer), graph=await self._graph_of(chat_id))
         if decision.expired:
             raise ApprovalExpiredError(f"approval {approval_id} expired (APPROVAL_TTL_S): nothing was booked")
         return bool(decision.answer.get("approve")), _status_of(await self.runs.get(chat_id))
+
+    async def _graph_of(self, chat_id: str) -> str:
+        """The graph the chat's run is of: a turn (``concierge``), or an MCP host's approved call."""
+        record = await self.runs.get(chat_id)
+        return record.graph if record is not None else CONCIERGE_GRAPH
 
     async def _requested(self, chat_id: str, approval_id: str) -> bool:
         """Whether the chat's journal asked for this approval (it is announced a moment before its run parks)."""
@@ -311,14 +330,14 @@ class ConciergeService:
         if record is None or record.status is not RunStatus.PARKED:
             await self.runs.forget_wait(chat_id)  # left by a run that ended another way
             return False
-        if record.graph != CONCIERGE_GRAPH:
+        if record.graph not in (CONCIERGE_GRAPH, APPROVED_CALL_GRAPH):
             return False  # the concierge's sweeper decides only its own waits
         approval_id = _waiting_id(record)
         decision = await self.runs.decide(chat_id, approval_id, EXPIRED, EXPIRED, self.instance)
         if decision is None or decision.lease is None:
             return False  # another replica (or the person) decided first
         await self._note_decision(chat_id, approval_id, decision.answer)
-        self.start(decision.lease, Command(resume=decision.answer))
+        self.start(decision.lease, Command(resume=decision.answer), graph=record.graph)
         return True
 
     async def sweep(self, interval: float) -> None:
@@ -343,9 +362,11 @@ class ConciergeService:
                 return
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
-    def start(self, lease: RunLease, run_input: RunInput) -> None:
+    def start(self, lease: RunLease, run_input: RunInput, *, graph: str = CONCIERGE_GRAPH) -> None:
+        """Run a turn (or, ``graph`` = ``approved_call``, an MCP host's call) here, within a turn's budget."""
         budget_s = get_settings().concierge_turn_budget_s
-        self.host.start(self.graph, lease, run_input, budget_s=budget_s, is_final=turn_is_final, name="turn")
+        runs = self.calls if graph == APPROVED_CALL_GRAPH else self.graph
+        self.host.start(runs, lease, run_input, budget_s=budget_s, is_final=turn_is_final, name="turn")
 
     async def view(self, chat_id: str, wait_s: float = 0.0, who: Caller | None = None) -> dict[str, Any]:
         """The chat as ``GET /chats/{id}`` shows it (404 when there is none, or it is not ``who``'s)."""
@@ -425,7 +446,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.checkpointer = saver
         graph = build_concierge_graph(deps, saver)
         guard = QueueGuard(redis, DeadLetterQueue(redis))
-        service = ConciergeService(deps, graph, RunStore(redis), guard, instance)
+        calls = build_approved_call_graph(deps, saver)
+        service = ConciergeService(deps, graph, RunStore(redis), guard, instance, calls)
         app.state.concierge = service
 
         async def chat_owner(record: RunRecord) -> str | None:
@@ -445,6 +467,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             # no new turn from a sweep while the turns in hand are handed back
             within = min(interval, DRAIN_S) + 1.0
             await stop_task(sweeper, stop=service.host.stopping, within=within, what="the approval sweeper")
+            await mcp_edge.aclose()  # its sessions end; the approvals they asked stay pending
             await service.drain()
             await service.hub.aclose()
 
@@ -455,6 +478,18 @@ async def _checkpointer_ready() -> None:
 
 app = create_service_app(SERVICE, lifespan=lifespan, ready_checks={"checkpointer": _checkpointer_ready}, people=True)
 app.include_router(runs_router())
+
+
+mcp_edge = McpEdge(app.state)
+"""``/mcp``: the concierge's tools for any MCP host, people only (docs/mcp.md)."""
+app.router.routes.append(Route(MCP_PATH, mcp_edge, methods=["GET", "POST", "DELETE"], include_in_schema=False))
+
+
+@app.get(METADATA_PATH)
+@app.get(f"{METADATA_PATH}{MCP_PATH}")
+async def mcp_protected_resource(request: Request) -> dict[str, Any]:
+    """RFC 9728 metadata of `/mcp`: the issuer a person gets a token from and the audience it must name."""
+    return protected_resource(str(request.base_url).rstrip("/"))
 
 
 def _service() -> ConciergeService:

@@ -1,10 +1,12 @@
-"""What recovery needs of concierge-agent's graph, a chat turn (``concierge``), read by the recovery worker through
+"""What recovery needs of concierge-agent's graphs, a chat turn (``concierge``) and an MCP host's approved call
+(``approved_call``), read by the recovery worker through
 ``DURABLE_AGENTS`` (``recovery.registry``)."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+from agents.concierge.approved_call import APPROVED_CALL_BUILDERS, APPROVED_CALL_GRAPH
 from agents.concierge.context import open_concierge_deps
 from agents.concierge.graph import (
     CONCIERGE_BUILDERS,
@@ -28,4 +30,6 @@ def concierge_recovery(graph: Graph, deps: Any = None) -> RecoverableGraph:
 
 DURABLE_GRAPHS: Final = (
     DurableGraph(CONCIERGE_GRAPH, CONCIERGE_BUILDERS, open_concierge_deps, concierge_recovery, CONCIERGE_MIGRATIONS),
+    # an MCP host's approved call (agents.concierge.approved_call): resumed, given up on and finished like a turn
+    DurableGraph(APPROVED_CALL_GRAPH, APPROVED_CALL_BUILDERS, open_concierge_deps, concierge_recovery, ()),
 )

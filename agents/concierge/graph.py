@@ -53,6 +53,9 @@ __all__ = [
     "CONCIERGE_GRAPH",
     "CONCIERGE_MIGRATIONS",
     "OUT_OF_STEPS",
+    "approval",
+    "ask_approval",
+    "book",
     "build_concierge_graph",
     "give_up_update",
     "starts_over",
@@ -185,7 +188,7 @@ async def tools(state: ConciergeState, config: RunnableConfig, *, deps: Concierg
                     repeated.add(call_id)
                     key = None
                 elif tool.approval is not None:
-                    pending = await _ask(deps, state, context, tool, call_id, args)
+                    pending = await ask_approval(deps, state, context, tool, call_id, args)
                     break  # the calls after this one wait for its decision
                 else:
                     assert tool.run is not None
@@ -207,10 +210,16 @@ async def tools(state: ConciergeState, config: RunnableConfig, *, deps: Concierg
     return {"messages": results, "pending": pending, "done": None, "bookings": bookings, "answered_calls": seen}
 
 
-async def _ask(
-    deps: ConciergeDeps, state: ConciergeState, context: ToolContext, tool: Tool, call_id: str, args: dict[str, Any]
+async def ask_approval(
+    deps: ConciergeDeps,
+    state: Mapping[str, Any],
+    context: ToolContext,
+    tool: Tool,
+    call_id: str,
+    args: dict[str, Any],
 ) -> Pending:
-    """The approval of one call, bound to its exact terms, journaled as ``approval_requested``."""
+    """The approval of one call, bound to its exact terms, journaled as ``approval_requested`` (a chat's turn, or an
+    MCP host's call: ``agents.concierge.approved_call``)."""
     assert tool.approval is not None
     terms = await tool.approval.terms(context, args)
     until = time.time() + get_settings().approval_ttl_s

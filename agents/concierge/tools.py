@@ -23,7 +23,16 @@ from agents.concierge import booking as effects
 from agents.concierge.context import ConciergeDeps, Peer
 from agents.concierge.state import Done, Pending
 from agents.concierge.views import booking_view, offer_view, policy_view, third_party_text, tool_error
-from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, BookingStatus, ErrorCode, validate_stay
+from domain.booking import (
+    ISO_DATE_PATTERN,
+    MAX_GUESTS,
+    MIN_GUESTS,
+    BookingStatus,
+    ErrorCode,
+    check_checkin,
+    parse_iso_date,
+    validate_stay,
+)
 from domain.cancellation import CancellationPolicy, CancellationRefusedError, quote_refund
 from domain.chat import InvalidToolCallError
 from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, LIST_BOOKINGS, SEARCH_HOTELS
@@ -37,8 +46,11 @@ __all__ = [
     "TOOLS_BY_NAME",
     "TOOL_RECORDS",
     "Approved",
+    "BookingOut",
+    "BookingsOut",
     "NotCancellableError",
     "NotOfferedError",
+    "SearchOut",
     "Tool",
     "ToolContext",
     "ToolOffer",
@@ -133,6 +145,8 @@ class Tool:
     offered_once: Literal["offers", "booking"] | None = None
     """With guided tools (LLM_GUIDED_TOOLS), offered only once the chat has search offers, or a booking: before
     that, the call cannot succeed, and a small model that is offered it calls it instead of searching."""
+    output: type[BaseModel] | None = None
+    """What a result holds when it is not an error: the output schema an MCP host is shown (``output_schema``)."""
 
     def call_key(self, args: Mapping[str, Any]) -> str:
         """What makes two calls the same: the tool and its validated arguments as canonical JSON."""
@@ -141,11 +155,21 @@ class Tool:
     @property
     def spec(self) -> dict[str, Any]:
         """The OpenAI tool specification the model is offered (derived from ``arguments``)."""
-        schema = _untitled(self.arguments.model_json_schema())
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": schema},
+            "function": {"name": self.name, "description": self.description, "parameters": self.input_schema},
         }
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (what ``spec`` offers the model, and MCP's ``inputSchema``)."""
+        schema: dict[str, Any] = _untitled(self.arguments.model_json_schema())
+        return schema
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of a result that is not an error (MCP's ``outputSchema``), from ``output``."""
+        return None if self.output is None else _untitled(self.output.model_json_schema())
 
     def validate(self, args: object) -> dict[str, Any]:
         """The clean arguments, or ``InvalidToolCallError`` naming the first bad one."""
@@ -163,6 +187,10 @@ class Tool:
                 validate_stay(clean["checkin"], clean["checkout"], clean["guests"])
             except ValueError as exc:
                 raise InvalidToolCallError(str(exc)) from None
+            try:  # as booking-agent would refuse it, but before anything is quoted or asked
+                check_checkin(parse_iso_date(clean["checkin"]), dt.datetime.now(dt.UTC).date())
+            except ValueError as exc:
+                raise InvalidToolCallError(f"checkin: {exc}") from None
         return clean
 
 
@@ -236,6 +264,54 @@ class BookingIdArgs(BaseModel):
 
 class NoArgs(BaseModel):
     model_config = _Strict
+
+
+# ------------------------------------------------------------------------------------------------- results
+
+
+class _Result(BaseModel):
+    """A result's schema names what it holds; a field it does not name may still come (a provider's extra)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class OfferOut(_Result):
+    hotel_id: str
+    name: str | None = None
+    stars: float | None = None
+    price_per_night: float
+    total_price: float = Field(description="For the whole stay: every room, every night.")
+    currency: str
+    cancellation: dict[str, Any] | None = None
+
+
+class SearchOut(_Result):
+    offers: list[OfferOut] = Field(description="The cheapest few, cheapest first.")
+    found: int
+
+
+class BookingOut(_Result):
+    """A booking as booking-agent has it (``views.booking_view``), or what became of an approval: ``declined``,
+    ``pending`` (its ``booking_id`` to follow), ``awaiting_approval`` (decide it elsewhere)."""
+
+    booking_id: str | None = None
+    status: str | None = None
+    hotel_id: str | None = None
+    hotel_name: str | None = None
+    city: str | None = None
+    checkin: str | None = None
+    checkout: str | None = None
+    guests: int | None = None
+    total_price: float | None = None
+    currency: str | None = None
+    cancellation: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    message: str | None = None
+
+
+class BookingsOut(_Result):
+    bookings: list[BookingOut] = Field(description="Newest first.")
+    found: int
 
 
 # ------------------------------------------------------------------------------------------------- runners
@@ -331,6 +407,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         SearchArgs,
         run=search_hotels,
         answers_repeats=True,
+        output=SearchOut,
     ),
     Tool(
         BOOK_HOTEL,
@@ -338,6 +415,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         "before anything is charged.",
         BookArgs,
         offered_once="offers",
+        output=BookingOut,
         approval=Approved(
             "book",
             quote,
@@ -351,6 +429,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         NoArgs,
         run=list_bookings,
         offered_once="booking",
+        output=BookingsOut,
     ),
     Tool(
         GET_BOOKING,
@@ -359,6 +438,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         run=get_booking,
         answers_repeats=True,
         offered_once="booking",
+        output=BookingOut,
     ),
     Tool(
         CANCEL_BOOKING,
@@ -366,6 +446,7 @@ TOOL_RECORDS: Final[tuple[Tool, ...]] = (
         "cancelled under its policy, its refund and fee named in the approval.",
         BookingIdArgs,
         offered_once="booking",
+        output=BookingOut,
         approval=Approved(
             "cancel",
             cancel_terms,

@@ -5,7 +5,7 @@ Loaded later, where used: ``langchain_openai`` and ``openai`` with the first mod
 ``infra.llm.classify``), the OTLP exporter only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, the Postgres saver and
 its pool only when ``DATABASE_URL`` is (``infra.checkpointer``), the SQLite saver only without it, ``psycopg``
 itself only with them (``infra.error_table`` names its ``OperationalError`` without importing it); schemathesis is
-the API check's alone; the A2A SDK's client side (``a2a.client``, and ``grpc`` through it) with an agent's first
+the API check's alone; the MCP SDK with the first caller of concierge-agent's ``/mcp``; the A2A SDK's client side (``a2a.client``, and ``grpc`` through it) with an agent's first
 call to a peer (``infra.a2a.client``), and the SDK's protobuf types only where an A2A module is imported (the
 package ``infra.a2a`` holds the errors without them). ``concierge serve`` builds its own parser alone: no other
 command's module. The providers load no HTTP client: they send no request (``infra.connection_errors``).
@@ -40,6 +40,9 @@ EVERYWHERE = (
     "langgraph.checkpoint.postgres",
     "langgraph.checkpoint.sqlite",
     "aiosqlite",
+    # the MCP SDK: concierge-agent's /mcp imports it with its first caller (agents/concierge/mcp_edge.py)
+    "mcp",
+    "mcp_types",
 )
 WITHOUT_LANGGRAPH = ("langsmith", "langgraph_sdk", "langgraph", "langchain_core")
 
