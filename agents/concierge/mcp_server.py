@@ -39,9 +39,8 @@ from agents.concierge.state import Approval
 from agents.concierge.tools import TOOL_RECORDS, TOOLS_BY_NAME, Tool
 from domain.approvals import describe_approval
 from domain.booking import ErrorCode
-from domain.chat import ApprovalExpiredError, InvalidToolCallError
+from domain.chat import InvalidToolCallError
 from infra.error_table import answer_for
-from infra.people import QuotaExceededError
 from infra.settings import get_settings
 from resilience import budget_scope
 
@@ -114,6 +113,10 @@ def _result(content: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=content)
 
 
+def _code_of_status(status: int) -> str:
+    return str(ErrorCode.NOT_FOUND) if status == 404 else "refused"
+
+
 def _error(message: str, code: str = ErrorCode.INVALID_REQUEST, **details: Any) -> types.CallToolResult:
     """A tool error the host's model reads (``is_error``): the code, and a sentence naming the field."""
     content = {"error": {"code": str(code), "message": message, **details}}
@@ -166,20 +169,19 @@ def build_server(services: Services) -> Server[Any]:
         with budget_scope(settings.default_budget_s + settings.mcp_wait_s):
             try:
                 return await _call(services(), ctx, params)
-            except InvalidToolCallError as exc:
+            except InvalidToolCallError as exc:  # the refusal a model gets: its own code and details
                 return _error(str(exc), exc.code, **exc.details)
-            except ApprovalExpiredError as exc:
-                return _error(str(exc), "approval_expired")
-            except QuotaExceededError as exc:
-                return _error(str(exc), ErrorCode.QUOTA_EXCEEDED, retry_after=round(exc.retry_after))
-            except HTTPException as exc:
-                return _error(str(exc.detail), ErrorCode.NOT_FOUND if exc.status_code == 404 else "refused")
+            except HTTPException as exc:  # the shared route helpers' answer (another person's booking: 404)
+                return _error(str(exc.detail), _code_of_status(exc.status_code))
             except Exception as exc:
-                answer = answer_for(exc)
+                answer = answer_for(exc)  # the one table: an expired approval, a quota, an outage...
                 if answer.code == ErrorCode.INTERNAL:
                     logger.exception("MCP call %s failed", params.name)
                     return _error("the call could not be completed; nothing more was done", ErrorCode.INTERNAL)
-                return _error(answer.message, answer.code)
+                extra = dict(answer.fields)
+                if answer.retry_after is not None:
+                    extra["retry_after"] = round(answer.retry_after)
+                return _error(answer.message, answer.code, **extra)
 
     server: Server[Any] = Server(
         SERVER_NAME,

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stack.services import SERVICES
+from stack.services import DEFAULT_STACK
 from tests.procs import free_port
 from tests.stack import CORE, Stack, stay
 
@@ -113,7 +113,7 @@ def test_the_overview_without_a_supervisor(stack: Stack) -> None:
     overview = stack.console.get(f"{console(stack)}/api/overview", timeout=30).json()
     assert overview["supervised"] is False
     services = {s["name"]: s for s in overview["services"]}
-    assert set(services) == set(SERVICES) - {"console"}
+    assert set(services) == set(DEFAULT_STACK) - {"console"}
     not_ready = {name: s for name, s in services.items() if s["ready"] is not True}
     assert not not_ready, not_ready
     assert overview["queue"] is not None and overview["queue"]["depth"] == 0
