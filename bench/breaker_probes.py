@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench._stack import machine, write_results
+from infra.dependencies import install as install_dependencies
 from resilience.circuit_breaker import CIRCUIT_CONFIGS, CircuitBreaker, CircuitBreakerConfig, CircuitState
 from resilience.errors import CircuitOpenError
 
@@ -68,6 +69,7 @@ def simulate(cfg: CircuitBreakerConfig, outage_s: float, rate: float) -> Outcome
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    install_dependencies()  # the breakers' configs are the dependency table's
     parser = argparse.ArgumentParser(prog="python -m bench.breaker_probes", description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=100.0, help="requests offered per second (default 100)")
     parser.add_argument("--outages", default="1,5,20,60,300", help="outage lengths in seconds, comma-separated")

@@ -42,9 +42,9 @@ import httpx
 
 from bench._stack import machine, percentiles, service_stack, write_results
 from bench.booking_throughput import BookingFactory, new_event_loop
+from infra.dependencies import DEPENDENCIES
 from infra.redis import create_sync_redis
 from infra.service.vitals import layers_switched_off
-from resilience import CALL_SHARES
 from tests.stack import CORE, Stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -450,7 +450,7 @@ def summarize(timeline: Timeline, calm_s: int, fault_s: int, after_s: int, depen
     open_secs = [s for s in fault if "open" in s.breakers.values()]
     # calls admitted before the breaker opened may run on for one share; after that, whatever is in flight was
     # taken by a booking that met the open breaker (its half-open probes aside)
-    settle = math.ceil(CALL_SHARES[dependency] * BUDGET_S) + 1
+    settle = math.ceil((DEPENDENCIES[dependency].share or 1.0) * BUDGET_S) + 1
 
     settled: list[Second] = []
     open_since: int | None = None

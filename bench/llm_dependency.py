@@ -35,6 +35,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from bench._stack import _delete_prefixed_keys, machine, percentiles, write_results
 from domain.llm import FALLBACK_MODEL, PRIMARY_MODEL
+from infra.dependencies import install as install_dependencies
 from infra.llm import Budget, ChatModel, ModelError, Usage
 from infra.redis import create_redis
 from infra.settings import Settings
@@ -331,6 +332,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     load_before = os.getloadavg()
     result: dict[str, Any] = {"machine": machine(), "loadavg_before": load_before}
+    install_dependencies()  # the model's endpoints take their layers from the dependency table
     with simulator(redis_url) as sim:
         circuit_registry.clear()
         wanted = set(args.only.split(",")) if args.only else {"overhead", "rate_limit", "fallback_ttft", "faults"}

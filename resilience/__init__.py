@@ -1,7 +1,8 @@
 """Resilience layers, app-agnostic: circuit breaker → bulkhead → timeout budget → retry (→ idempotency in graph/).
 
 ``ResiliencePolicy`` / ``policy_for`` compose them in that order (see ``resilience.policy``); the layers are
-usable alone too. Everything they report goes through ``resilience.events`` (logs, span events, hooks).
+usable alone too. Everything they report goes through ``resilience.events`` (logs, span events, hooks). The
+per-dependency settings are the app's, handed in at start-up as rows (``install_dependencies``, ``Dependency``).
 """
 
 from resilience.adaptive_limit import (
@@ -48,6 +49,12 @@ from resilience.circuit_breaker import (
     CircuitState,
     CircuitStats,
     circuit_registry,
+)
+from resilience.dependencies import (
+    Dependency,
+    DependencyTableMissingError,
+    install_dependencies,
+    installed_dependencies,
 )
 from resilience.errors import (
     AttemptTimeoutError,
@@ -134,6 +141,8 @@ __all__ = [
     "CircuitState",
     "CircuitStats",
     "CircuitTransition",
+    "Dependency",
+    "DependencyTableMissingError",
     "DoorStats",
     "FixedDoor",
     "GradientLimit",
@@ -167,6 +176,8 @@ __all__ = [
     "emit",
     "hooks",
     "init_budget",
+    "install_dependencies",
+    "installed_dependencies",
     "is_testing",
     "layers_on",
     "outage_pause",

@@ -44,6 +44,7 @@ import anyio
 from anyio import WouldBlock
 
 from resilience.budget import budget_scope, remaining_budget
+from resilience.dependencies import LayerView
 from resilience.errors import BudgetExhaustedError, BulkheadFullError, BulkheadTimeoutError
 from resilience.events import BudgetExpired, BulkheadRejected, BulkheadTimedOut, emit
 
@@ -109,18 +110,8 @@ class BulkheadConfig:
             raise ValueError(f"acquire_timeout must be a non-negative number of seconds, got {self.acquire_timeout!r}")
 
 
-BULKHEAD_CONFIGS: Mapping[str, BulkheadConfig] = {
-    "booking_agent": BulkheadConfig(max_concurrent=10, timeout=30.0),
-    # The peer agents queue within their caller's budget: their callers are booking runs (of every booking-agent
-    # replica and the recovery worker), which must not fail because a peer was momentarily full. No per-process cap
-    # upstream keeps the sum of those callers under 20 or 5; the budget each caller sends bounds every wait (a
-    # person's GET /hotels too: 30 s unless it sends X-Timeout-Budget).
-    "search_agent": BulkheadConfig(max_concurrent=20, timeout=10.0, acquire_timeout=WITHIN_BUDGET),
-    "payment_agent": BulkheadConfig(max_concurrent=5, timeout=15.0, acquire_timeout=WITHIN_BUDGET),
-    "recovery_worker": BulkheadConfig(max_concurrent=3, timeout=120.0),
-    # the concierge's A2A skill: one slot per conversation turn a client waits for (up to a turn's budget)
-    "concierge_agent": BulkheadConfig(max_concurrent=100, timeout=180.0),
-}
+BULKHEAD_CONFIGS: Mapping[str, BulkheadConfig] = LayerView(lambda row: row.inbound)
+"""The services' inbound bulkheads: the installed dependency table's ``inbound`` column."""
 
 DEFAULT_BULKHEAD_CONFIG = BulkheadConfig(max_concurrent=10, timeout=30.0)
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import ParamSpec, TypedDict, TypeVar
 
+from resilience.dependencies import LayerView
 from resilience.errors import CircuitOpenError, NonRetryableError
 from resilience.events import CircuitRejected, CircuitTransition, emit
 
@@ -106,28 +107,8 @@ class CircuitBreakerConfig:
         _check_exception_types("expected_exception", self.expected_exception)
 
 
-CIRCUIT_CONFIGS: Mapping[str, CircuitBreakerConfig] = {
-    # an external provider: a few blips are normal, five in a row are not; probe after 2 s, then 4, 8 ... 30 s
-    "hotel_api": CircuitBreakerConfig(
-        failure_threshold=5, success_threshold=2, recovery_timeout=30.0, initial_recovery_timeout=2.0
-    ),
-    # payments are critical: open early, close cautiously (three good probes); the probes back off to 60 s
-    "payment_api": CircuitBreakerConfig(
-        failure_threshold=3, success_threshold=3, recovery_timeout=60.0, initial_recovery_timeout=2.0
-    ),
-    # an internal agent: tolerate fluctuations, recover quickly (a restart takes about a second)
-    "search_agent": CircuitBreakerConfig(
-        failure_threshold=10, success_threshold=1, recovery_timeout=15.0, initial_recovery_timeout=1.0
-    ),
-    # the model: a person waits on every turn, so a failing endpoint is given up quickly for the fallback and probed
-    # again soon (one probe brings it back; docs/model-dependency.md)
-    "llm_primary": CircuitBreakerConfig(
-        failure_threshold=5, success_threshold=1, recovery_timeout=20.0, initial_recovery_timeout=2.0
-    ),
-    "llm_fallback": CircuitBreakerConfig(
-        failure_threshold=5, success_threshold=1, recovery_timeout=20.0, initial_recovery_timeout=2.0
-    ),
-}
+CIRCUIT_CONFIGS: Mapping[str, CircuitBreakerConfig] = LayerView(lambda row: row.breaker)
+"""The breakers' configs: the installed dependency table's ``breaker`` column (``resilience.dependencies``)."""
 
 
 class CircuitStats(TypedDict):

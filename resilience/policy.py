@@ -16,11 +16,12 @@ callers microseconds and no resources; the bulkhead caps how many calls can be r
 only inside a slot already held and a budget already bounded. Business errors (``NonRetryableError``, the retry
 config's ``non_retryable_exceptions``) pass through untouched and never count against the breaker.
 
-``policy_for(name)`` gives the policy for an outbound dependency (``hotel_api``, ``payment_api``,
-``search_agent``): the registry's breaker (the one ``/health/circuits`` shows), ``RETRY_CONFIGS[name]`` and an
-outbound bulkhead ``outbound:<name>`` from ``OUTBOUND_BULKHEAD_CONFIGS``. Outbound bulkheads are separate from the
-agents' inbound ones (``BULKHEAD_CONFIGS``): a process calling the search agent must not compete for the slots
-the search agent uses to serve its own requests. One policy per name is cached.
+``policy_for(name)`` gives the policy for an outbound dependency, from its row of the dependency table the app
+installed at start-up (``resilience.dependencies``): the registry's breaker (the one ``/health/circuits`` shows),
+``RETRY_CONFIGS[name]`` and an outbound bulkhead ``outbound:<name>`` from ``OUTBOUND_BULKHEAD_CONFIGS``. Outbound
+bulkheads are separate from the services' inbound ones (``BULKHEAD_CONFIGS``): a process calling a peer must not
+compete for the slots the peer uses to serve its own requests. One policy per name is cached. No table installed:
+``DependencyTableMissingError``; a name in no row gets every layer's default (as it always has), logged once.
 
 Every attempt gets a share of the budget left (``CALL_SHARES``): a dependency that has gone slow costs a caller one
 share per attempt, not its whole budget, and the attempt's timeout is a failure the breaker counts (the client's own
@@ -36,12 +37,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 from resilience.budget import budget_scope, default_budget, detached_budget, remaining_budget
 from resilience.bulkhead import Bulkhead, BulkheadConfig, bulkhead_registry, run_within_budget
 from resilience.circuit_breaker import CircuitBreaker, circuit_registry
+from resilience.dependencies import (
+    DependencyTableMissingError,
+    LayerView,
+    installed_dependencies,
+    table_generation,
+)
 from resilience.errors import AttemptTimeoutError, BudgetExhaustedError, NonRetryableError
 from resilience.layers import layers_on
 from resilience.outages import waits_out_outages
@@ -60,28 +68,15 @@ __all__ = [
 P = ParamSpec("P")
 T = TypeVar("T")
 
-OUTBOUND_BULKHEAD_CONFIGS: Mapping[str, BulkheadConfig] = {
-    "hotel_api": BulkheadConfig(max_concurrent=50, timeout=30.0, acquire_timeout=1.0),
-    # payments: a small pool, so a stalling provider pushes back early instead of piling up charges in flight
-    "payment_api": BulkheadConfig(max_concurrent=20, timeout=30.0, acquire_timeout=1.0),
-    # as many as the search agent accepts (its inbound bulkhead has 20 slots)
-    "search_agent": BulkheadConfig(max_concurrent=20, timeout=30.0, acquire_timeout=1.0),
-    # model calls stream for tens of seconds; the bound is the turn's budget, the slots what one replica streams
-    "llm_primary": BulkheadConfig(max_concurrent=64, timeout=120.0, acquire_timeout=1.0),
-    "llm_fallback": BulkheadConfig(max_concurrent=64, timeout=120.0, acquire_timeout=1.0),
-}
+OUTBOUND_BULKHEAD_CONFIGS: Mapping[str, BulkheadConfig] = LayerView(lambda row: row.bulkhead)
+"""Callers' bulkheads (``outbound:<name>``): the installed dependency table's ``bulkhead`` column."""
 
 DEFAULT_OUTBOUND_BULKHEAD_CONFIG = BulkheadConfig(max_concurrent=20, timeout=30.0, acquire_timeout=1.0)
 
-CALL_SHARES: Mapping[str, float] = {
-    # a search is the first of a booking's four calls: a quarter of what is left
-    "search_agent": 0.25,
-    "hotel_api": 0.25,
-    # a charge may legitimately take longer (3-D Secure, a slow acquirer)
-    "payment_api": 0.5,
-}
+CALL_SHARES: Mapping[str, float] = LayerView(lambda row: row.share)
 """The fraction of an accepted run's remaining budget one attempt may use, per dependency (none: the whole budget).
-Only runs take shares: a request served for a caller (search-agent's, payment-agent's) spends the budget it was sent."""
+Only runs take shares: a request served for a caller (a peer agent's) spends the budget it was sent.
+The installed dependency table's ``share`` column."""
 
 
 def outbound_bulkhead_name(service_name: str) -> str:
@@ -169,15 +164,29 @@ async def _within_share(share: float, fn: Callable[..., Awaitable[T]], /, *args:
         raise AttemptTimeoutError(f"an attempt ran past its share of the budget ({left * share:.2f}s)") from exc
 
 
-# name → (circuit registry generation, bulkhead registry generation, policy)
-_policies: dict[str, tuple[int, int, ResiliencePolicy]] = {}
+logger = logging.getLogger(__name__)
+
+# name → (circuit registry generation, bulkhead registry generation, table generation, policy)
+_policies: dict[str, tuple[int, int, int, ResiliencePolicy]] = {}
+_unlisted: set[str] = set()
 
 
 def policy_for(service_name: str) -> ResiliencePolicy:
-    """The process-wide policy for an outbound dependency, built on first use from the registries and configs."""
+    """The process-wide policy for an outbound dependency, built on first use from its row and the registries."""
     cached = _policies.get(service_name)
-    if cached is not None and cached[0] == circuit_registry.generation and cached[1] == bulkhead_registry.generation:
-        return cached[2]
+    if (
+        cached is not None
+        and cached[0] == circuit_registry.generation
+        and cached[1] == bulkhead_registry.generation
+        and cached[2] == table_generation()
+    ):
+        return cached[3]
+    table = installed_dependencies()
+    if table is None:
+        raise DependencyTableMissingError(service_name)
+    if service_name not in table and service_name not in _unlisted:
+        _unlisted.add(service_name)
+        logger.warning("dependency %r is in no row of the dependency table: every layer is its default", service_name)
     policy = ResiliencePolicy(
         service_name,
         circuit=circuit_registry.get(service_name),
@@ -188,10 +197,10 @@ def policy_for(service_name: str) -> ResiliencePolicy:
         retry=RETRY_CONFIGS.get(service_name, RetryConfig()),
         share=CALL_SHARES.get(service_name),
     )
-    _policies[service_name] = (circuit_registry.generation, bulkhead_registry.generation, policy)
+    _policies[service_name] = (circuit_registry.generation, bulkhead_registry.generation, table_generation(), policy)
     return policy
 
 
 def calls_in_flight() -> dict[str, int]:
     """Calls inside each dependency's policy right now, layers on or off (what a slow dependency holds)."""
-    return {name: policy.in_flight for name, (_, _, policy) in sorted(_policies.items())}
+    return {name: policy.in_flight for name, (_, _, _, policy) in sorted(_policies.items())}

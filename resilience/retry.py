@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from resilience.budget import remaining_budget
 from resilience.circuit_breaker import CircuitBreaker, CircuitState
+from resilience.dependencies import LayerView
 from resilience.errors import BudgetExhaustedError, CircuitOpenError, NonRetryableError, keep_earlier_attempts
 from resilience.events import RetryGaveUp, RetryScheduled, emit
 from resilience.switches import Restore
@@ -94,16 +95,8 @@ class RetryConfig:
         _check_types("non_retryable_exceptions", self.non_retryable_exceptions)
 
 
-RETRY_CONFIGS: Mapping[str, RetryConfig] = {
-    # a bad hotel id or a missing field will not get better on the second try
-    "hotel_api": RetryConfig(max_attempts=3, base_delay=1.0, non_retryable_exceptions=(ValueError, KeyError)),
-    "payment_api": RetryConfig(max_attempts=2, base_delay=2.0, non_retryable_exceptions=(ValueError,)),
-    "search_agent": RetryConfig(max_attempts=4, base_delay=0.5),
-    # the model: few, quick retries (a person waits), the provider's retry-after obeyed within the turn's budget;
-    # which errors retry is the model client's to say (infra.llm narrows retryable_exceptions)
-    "llm_primary": RetryConfig(max_attempts=3, base_delay=0.25, max_delay=4.0, server_hints=True),
-    "llm_fallback": RetryConfig(max_attempts=2, base_delay=0.25, max_delay=4.0, server_hints=True),
-}
+RETRY_CONFIGS: Mapping[str, RetryConfig] = LayerView(lambda row: row.retry)
+"""The retry configs: the installed dependency table's ``retry`` column (``resilience.dependencies``)."""
 
 RETRY_AFTER_JITTER = 0.1
 """A provider's ``retry-after`` is waited plus up to this fraction more (and up to ``base_delay``), spreading the

@@ -1,10 +1,10 @@
 """``concierge demo cascade [--layers off]``: watch a slow search-agent not take the others down (or, layers off, do).
 
 With the stack up: closed-loop clients book all along; after a calm phase search-agent turns slow (every search
-takes 10× its share of a booking's budget, ``CALL_SHARES``); after ``--fault-s`` the fault is cleared and the demo
-waits for the breaker to close and goodput to come back. Meanwhile it narrates what each layer does, read live from
-booking-agent's ``/health`` (vitals), ``/health/circuits`` and ``/metrics``: each timed-out attempt the breaker
-counts, the breaker opening, the searches in flight freed, the retries stopped, the probe in half-open, closed
+takes 10× its share of a booking's budget, ``infra.dependencies``); after ``--fault-s`` the fault is cleared and
+the demo waits for the breaker to close and goodput to come back. Meanwhile it narrates what each layer does, read
+live from booking-agent's ``/health`` (vitals), ``/health/circuits`` and ``/metrics``: each timed-out attempt the
+breaker counts, the breaker opening, the searches in flight freed, the retries stopped, the probe in half-open, closed
 again, with a line of figures every two seconds. ``--layers off`` switches the layers off in every service for the
 demo (``infra.service.vitals.layers_switched_off``: a Redis key with a TTL) and shows that world instead; the
 layers are back on when it ends, Ctrl-C included, and the fault cleared. See docs/cascade.md.
@@ -25,10 +25,11 @@ from typing import Any
 
 import httpx
 
+from infra.dependencies import DEPENDENCIES
 from infra.redis import create_sync_redis
 from infra.service.vitals import layers_switched_off
 from infra.settings import get_settings
-from resilience import CALL_SHARES, default_budget
+from resilience import default_budget
 from stack.book import booking_agent_urls
 from stack.console import EXIT_OK, Subparsers, one_line_errors
 from stack.errors import StackError, UsageError
@@ -267,7 +268,7 @@ async def _run(args: argparse.Namespace, booking_url: str, search_url: str, toke
     settings = get_settings()
     layers_on = args.layers == "on"
     budget = settings.booking_budget_s
-    share = CALL_SHARES[BREAKER] * budget
+    share = (DEPENDENCIES[BREAKER].share or 1.0) * budget
     latency = SLOW_FACTOR * share
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     started = time.monotonic()

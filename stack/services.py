@@ -3,7 +3,8 @@ which writes the service-derived parts of docker-compose.yml, deploy/k8s and the
 
 Apps are named by import string (uvicorn's ``module:attribute``) so that ``infra`` never imports ``agents`` or
 ``recovery``: the table describes services, it does not load them. Adding a service is one row here, then
-``make deploy-files`` (docs/development.md, "Adding a service").
+``make deploy-files`` (docs/development.md, "Adding a service"). A service's resilience layers (breaker, bulkheads,
+retry, budget share) are its row in the dependency table, ``infra/dependencies.py``, which infra can import.
 """
 
 from __future__ import annotations

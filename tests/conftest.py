@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from infra.dependencies import install as install_dependencies
 from infra.settings import get_settings
 from tests.procs import free_port
 
@@ -36,6 +37,7 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 os.environ.setdefault("CONCIERGE_AUTH", "off")
 TEST_SERVICE_SECRET = "test-service-secret-" + "0123456789abcdef" * 2
 TEST_ADMIN_TOKEN = "test-admin-token"
+install_dependencies()  # what a service's lifespan does: tests call policy_for outside one
 
 
 @pytest.hookimpl(tryfirst=True)

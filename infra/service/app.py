@@ -1,10 +1,11 @@
 """``create_service_app(name)``: the FastAPI app every service starts from (``docs/service-shell.md``).
 
 Its lifespan sets up logging, the service's identity (``name`` signs its service tokens with
-``CONCIERGE_SERVICE_SECRET``; no usable secret, no start: ``infra.auth``), telemetry, budget defaults, the resilience
-metrics hook and one Redis client on ``app.state.redis``, then runs the service's own lifespan nested inside; its
-edge is ``infra.service.middleware`` (the host check first, outside any middleware a service adds), its error
-answers come from ``infra.error_table``, its routes from ``infra.service.health``.
+``CONCIERGE_SERVICE_SECRET``; no usable secret, no start: ``infra.auth``), telemetry, budget defaults, the dependency
+table (``infra.dependencies``), the resilience metrics hook and one Redis client on ``app.state.redis``, then runs
+the service's own lifespan nested inside; its edge is ``infra.service.middleware`` (the host check first, outside any
+middleware a service adds), its error answers come from ``infra.error_table``, its routes from
+``infra.service.health``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp
 
 from infra.auth import MissingSecretError, use_service_identity
+from infra.dependencies import install as install_dependencies
 from infra.error_table import TABLE, answer_for, answer_response
 from infra.gc_tuning import service_gc
 from infra.journal import JournalWriter, install_writer, resilience_hook
@@ -210,6 +212,7 @@ def create_service_app(
                 raise
         configure_telemetry(service_name)
         budget_defaults = configure_budget(default=settings.default_budget_s, margin=settings.budget_margin_s)
+        install_dependencies()  # for the process's life: calls still finishing after the lifespan use it too
         install_resilience_metrics()
         story_metrics()
         llm_metrics()
