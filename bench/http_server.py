@@ -83,8 +83,10 @@ def main() -> int:
         port = free_port()
         stock = procs.start(
             "httptools",
-            [sys.executable, "-m", "uvicorn", "bench.http_server:app", "--factory", "--app-dir", str(REPO_ROOT)]
-            + ["--host", HOST, "--port", str(port), "--no-access-log", "--http", "httptools"],
+            [
+                *(sys.executable, "-m", "uvicorn", "bench.http_server:app", "--factory", "--app-dir", str(REPO_ROOT)),
+                *("--host", HOST, "--port", str(port), "--no-access-log", "--http", "httptools"),
+            ],
             port=port,
         )
         servers = {"bounded h11": bounded.url, "httptools": stock.url}
@@ -119,8 +121,10 @@ def main() -> int:
             f"{row['paired_diff_p50_ms']:+.3f} |"
         )
     worst = max(row["paired_diff_p50_ms"] for row in rows.values())
-    print(f"\nat most {worst:+.3f} ms a request: {worst * REQUESTS_PER_BOOKING:+.2f} ms on a booking's "
-          f"{REQUESTS_PER_BOOKING} requests")
+    print(
+        f"\nat most {worst:+.3f} ms a request: {worst * REQUESTS_PER_BOOKING:+.2f} ms on a booking's "
+        f"{REQUESTS_PER_BOOKING} requests"
+    )
     write_results(RESULTS, {"machine": machine(), "requests": args.requests, "rows": rows})
     return 0
 
