@@ -41,7 +41,6 @@ from domain.approvals import describe_approval
 from domain.booking import ErrorCode
 from domain.chat import ApprovalExpiredError, InvalidToolCallError
 from infra.error_table import answer_for
-from infra.people import QuotaExceededError
 from infra.settings import get_settings
 from resilience import budget_scope
 
@@ -121,6 +120,11 @@ def _error(message: str, code: str = ErrorCode.INVALID_REQUEST, **details: Any) 
     return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=content, is_error=True)
 
 
+def _refused(exc: HTTPException) -> types.CallToolResult:
+    """A route's own refusal reached through a tool: an unknown booking is ``not_found``, the rest ``refused``."""
+    return _error(str(exc.detail), ErrorCode.NOT_FOUND if exc.status_code == 404 else "refused")
+
+
 def _asking(asked: calls.Asked) -> types.InputRequiredResult:
     """The 2026-07-28 question: the terms in words, and the state naming the approval the server keeps."""
     question = types.ElicitRequest(
@@ -170,16 +174,19 @@ def build_server(services: Services) -> Server[Any]:
                 return _error(str(exc), exc.code, **exc.details)
             except ApprovalExpiredError as exc:
                 return _error(str(exc), "approval_expired")
-            except QuotaExceededError as exc:
-                return _error(str(exc), ErrorCode.QUOTA_EXCEEDED, retry_after=round(exc.retry_after))
             except HTTPException as exc:
-                return _error(str(exc.detail), ErrorCode.NOT_FOUND if exc.status_code == 404 else "refused")
+                return _refused(exc)
             except Exception as exc:
-                answer = answer_for(exc)
+                answer = answer_for(exc)  # a person's quota too: 429 quota_exceeded, its retry_after
                 if answer.code == ErrorCode.INTERNAL:
                     logger.exception("MCP call %s failed", params.name)
                     return _error("the call could not be completed; nothing more was done", ErrorCode.INTERNAL)
-                return _error(answer.message, answer.code)
+                wait = (
+                    {"retry_after": round(answer.wait_s)}
+                    if answer.retry_after is not None and answer.wait_s is not None
+                    else {}
+                )
+                return _error(answer.message, answer.code, **wait)
 
     server: Server[Any] = Server(
         SERVER_NAME,
