@@ -26,8 +26,17 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
 from domain.cancellation import CancelInProgressError, CancellationRefusedError, FeeExceedsLimitError
 from domain.chat import ChatConflictError
+from errors.causes import causes
+from errors.connection_errors import never_connected
+from identity.people import (
+    IdempotencyKeyReusedError,
+    InvalidPersonTokenError,
+    JwksUnavailableError,
+    QuotaExceededError,
+    UnauthenticatedError,
+    www_authenticate,
+)
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
-from infra.causes import causes
 from infra.clients.errors import (
     NoAvailabilityError,
     PaymentDeclinedError,
@@ -35,7 +44,6 @@ from infra.clients.errors import (
     ProviderError,
     ProviderRejectedError,
 )
-from infra.connection_errors import never_connected
 from infra.llm.errors import (
     ModelAuthError,
     ModelBadRequestError,
@@ -45,15 +53,7 @@ from infra.llm.errors import (
     ModelRateLimitedError,
     TokenBudgetExhausted,
 )
-from infra.people import (
-    IdempotencyKeyReusedError,
-    InvalidPersonTokenError,
-    JwksUnavailableError,
-    QuotaExceededError,
-    UnauthenticatedError,
-    www_authenticate,
-)
-from infra.signals import ShuttingDownError
+from process.signals import ShuttingDownError
 from resilience.errors import (
     AttemptTimeoutError,
     BudgetExhaustedError,
@@ -163,7 +163,7 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (SkillFailure, None, False),
     (A2ASkillError, None, False),
     (InvalidStayError, ErrorCode.INVALID_REQUEST, False),
-    # people (infra.people): who is calling, and their fair share
+    # people (identity.people): who is calling, and their fair share
     (UnauthenticatedError, ErrorCode.UNAUTHENTICATED, False),
     (InvalidPersonTokenError, ErrorCode.INVALID_TOKEN, False),
     (JwksUnavailableError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),  # nobody's token can be checked now

@@ -42,10 +42,10 @@ from domain.llm import BOOK_HOTEL
 from graph.idempotency import idempotent_node
 from graph.migrations import Migration
 from graph.tracing import traced_node
-from infra.auth import acting_for
+from identity.auth import acting_for
+from identity.people import QuotaExceededError
 from infra.error_table import answer_for
 from infra.llm import Budget, ModelError, Usage
-from infra.people import QuotaExceededError
 from infra.settings import get_settings
 
 __all__ = [

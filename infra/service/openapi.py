@@ -299,7 +299,7 @@ SERVICE_TOKEN_SCHEMES: Mapping[str, Mapping[str, Any]] = {
         "scheme": "bearer",
         "bearerFormat": "JWT",
         "description": "A service token of this deployment for this agent: HS256 with `CONCIERGE_SERVICE_SECRET`, "
-        "`iss` the calling service, `aud` this agent (infra/auth.py).",
+        "`iss` the calling service, `aud` this agent (identity/auth.py).",
     }
 }
 

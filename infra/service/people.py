@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from domain.booking import ErrorCode
-from infra.people import Caller, PeopleGate
+from identity.people import Caller, PeopleGate
 from infra.quotas import PersonQuotas, Release
 from infra.service.openapi import Answer, error
 
