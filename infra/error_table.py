@@ -4,7 +4,7 @@ The HTTP edge (``infra.service``), the A2A skill errors (``infra.a2a.server``) a
 (``agents.booking.graph``) all ask ``answer_for(exc)``; none keeps a mapping of its own. Rows are tried in order and the
 first whose class matches wins, so a subclass comes before its base. A row without a code takes the exception's
 own: a business error raised on purpose (``SkillFailure``, a peer's ``A2ASkillError``, any ``NonRetryableError``
-with a ``code`` attribute). The HTTP status is the code's (``domain.booking.ErrorCode.http_status``).
+with a ``code`` attribute). The HTTP status is the code's (``domain.errors.status_of``).
 
 ``retryable`` tells a caller whether the same request may succeed later; over A2A it decides how the client
 raises (``docs/a2a.md``): not retryable → a business error, ``timeout`` → a timeout, otherwise unavailable.
@@ -23,9 +23,10 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
+from domain.booking import BookingFinalError, InvalidStayError, PriceChangedError
 from domain.cancellation import CancelInProgressError, CancellationRefusedError, FeeExceedsLimitError
 from domain.chat import ChatConflictError
+from domain.errors import ErrorCode, status_of
 from errors.causes import causes
 from errors.connection_errors import never_connected
 from identity.people import (
@@ -215,10 +216,9 @@ def _own_code(exc: BaseException) -> str:
 
 
 def _status(code: str) -> int:
-    try:
-        return ErrorCode(code).http_status
-    except ValueError:  # a peer's or a handler's own code: a refusal of the request
-        return ErrorCode.REJECTED.http_status
+    status = status_of(code)  # an ErrorCode's, or one an agent added (domain.errors.add_codes)
+    # a peer's or a handler's own code nobody declared: a refusal of the request
+    return status if status is not None else ErrorCode.REJECTED.http_status
 
 
 def _row_answer(exc: BaseException) -> ErrorAnswer:

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from identity.auth import admin_token, admin_token_ok, provider_api_key_ok
 from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, REPLAYED_HEADER, provider_error
 from infra.service import MAX_BODY_BYTES, create_service_app

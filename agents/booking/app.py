@@ -70,7 +70,6 @@ from domain.booking import (
     MIN_GUESTS,
     BookingFinalError,
     BookingStatus,
-    ErrorCode,
     JournalKind,
     check_checkin,
     check_nights,
@@ -84,6 +83,7 @@ from domain.cancellation import (
     RefundQuote,
     quote_refund,
 )
+from domain.errors import ErrorCode
 from identity.people import Caller, IdempotencyKeyReusedError
 from infra.a2a.errors import SkillFailure
 from infra.a2a.server import Skill, current_caller, current_person, mount_a2a, progress_wanted, report_progress

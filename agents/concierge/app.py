@@ -46,7 +46,6 @@ from agents.concierge.prompts import system_prompt
 from agents.concierge.state import turn_input
 from agents.concierge.tools import offer_for
 from domain import currency_code, hotel_named
-from domain.booking import ErrorCode
 from domain.chat import (
     ApprovalExpiredError,
     ApprovalPendingError,
@@ -56,6 +55,7 @@ from domain.chat import (
     TurnOutcome,
     check_text,
 )
+from domain.errors import ErrorCode
 from identity.people import Caller, IdempotencyKeyReusedError, person_key
 from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.server import Skill, current_person, mount_a2a, progress_wanted, report_progress

@@ -36,8 +36,8 @@ from agents.concierge.prompts import system_prompt
 from agents.concierge.state import Approval, ConciergeState, Done, Pending, failure
 from agents.concierge.tools import Tool, ToolContext, answer_error, offer_for, repeat_answer, tool_named
 from agents.concierge.views import tool_error
-from domain.booking import ErrorCode
 from domain.chat import ChatEventKind, InvalidToolCallError, TurnOutcome, approval_id_for
+from domain.errors import ErrorCode
 from domain.llm import BOOK_HOTEL
 from graph.idempotency import idempotent_node
 from graph.migrations import Migration

@@ -18,7 +18,7 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from identity.people import InvalidPersonTokenError, PeopleGate, PersonAuthError, QuotaExceededError
 from infra.error_table import answer_for, answer_response, error_body
 from infra.quotas import PersonQuotas

@@ -38,8 +38,8 @@ from agents.concierge.mcp_edge import PERSON_SCOPE_KEY
 from agents.concierge.state import Approval
 from agents.concierge.tools import TOOL_RECORDS, TOOLS_BY_NAME, Tool
 from domain.approvals import describe_approval
-from domain.booking import ErrorCode
 from domain.chat import ApprovalExpiredError, InvalidToolCallError
+from domain.errors import ErrorCode
 from infra.error_table import answer_for
 from infra.settings import get_settings
 from resilience import budget_scope

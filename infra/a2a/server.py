@@ -62,7 +62,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from identity.auth import InvalidServiceTokenError, MissingSecretError, ServiceClaims, TokenVerifier, service_secret
 from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.wire import (

@@ -21,7 +21,7 @@ from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from identity.hosts import AllowedHosts, host_name
 from infra.error_table import answer_for, answer_response, error_body
 from infra.settings import Settings, get_settings

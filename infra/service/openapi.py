@@ -29,7 +29,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import validation_error_definition, validation_error_response_definition
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from infra.service.middleware import MAX_BODY_BYTES, MAX_HEADER_BYTES
 from resilience import BUDGET_HEADER
 

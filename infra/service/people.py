@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from identity.people import Caller, PeopleGate
 from infra.quotas import PersonQuotas, Release
 from infra.service.openapi import Answer, error
