@@ -31,6 +31,9 @@ COPY recovery ./recovery
 COPY runs ./runs
 COPY graph ./graph
 COPY infra ./infra
+COPY identity ./identity
+COPY process ./process
+COPY errors ./errors
 COPY domain ./domain
 COPY resilience ./resilience
 COPY examples ./examples

@@ -45,7 +45,7 @@ from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.journal import name_instance
 from infra.service import create_service_app
 from infra.settings import get_settings
-from infra.tasks import stop_task
+from process.tasks import stop_task
 from recovery.consumer import BULKHEAD_NAME, ConsumerConfig, RecoveryConsumer, Versions
 from recovery.queue import DeadLetterQueue, QueueGuard, RecoveryQueue
 from recovery.registry import load_durable_graphs
@@ -127,7 +127,7 @@ class RecoveryWorker:
         """Stop scanning and taking; hand back (or finish) the runs in hand within ``grace``.
 
         Every wait is bounded and never a bare ``await`` on a task: a cancellation lost in a Redis call
-        (``infra.tasks``) once kept the scanner running and this shutdown waiting for it. Each loop also ends on its
+        (``process.tasks``) once kept the scanner running and this shutdown waiting for it. Each loop also ends on its
         flag at its next turn; what does not stop in time is named in the log and left behind.
         """
         scanner_task, consumer_task = self._tasks or (None, None)

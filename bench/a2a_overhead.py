@@ -34,11 +34,12 @@ PAYLOAD = {"amount": 240.0, "currency": "EUR", "payment_token": "tok_visa", "ref
 
 
 async def measure(samples: int, rounds: int, urls: dict[str, str], pids: dict[str, int]) -> dict[str, Any]:
+    from identity.auth import service_tokens
     from infra.a2a.client import A2AClient
-    from infra.auth import service_tokens
+    from infra.settings import get_settings
 
     # one token for the whole run, as a service reuses its token for a minute
-    token = service_tokens("bench").token("bench-echo")
+    token = service_tokens("bench", get_settings()).token("bench-echo")
     async with (
         httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=10) as plain_http,
         A2AClient(urls["inline"], audience="bench-echo", issuer="bench") as inline,

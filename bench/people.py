@@ -28,7 +28,7 @@ import httpx
 
 from bench._stack import core_stack, machine, percentiles, write_results
 from bench.booking_throughput import BookingFactory
-from infra.people import LOCAL_ISSUER, LocalIssuer
+from identity.people import LOCAL_ISSUER, LocalIssuer
 from tests.stack import TEST_DATABASE_URL, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results" / "people.json"

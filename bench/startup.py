@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from bench._stack import _delete_prefixed_keys, machine, write_results
-from infra.people import LOCAL_ISSUER, LocalIssuer
+from identity.people import LOCAL_ISSUER, LocalIssuer
 from stack.services import SERVICES
 from stack.up import READY_PHRASE
 from tests.procs import HOST, concierge_command, free_port, stack_port_base

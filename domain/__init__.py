@@ -1,5 +1,5 @@
-"""The vocabulary every floor speaks: a booking's (``domain.booking``: stay rules, statuses, error codes, journal
-kinds; ``domain.cancellation``: what cancelling a stay costs), a city's (``domain.cities``: one canonical name for
+"""The vocabulary every floor speaks: every error code and its HTTP status (``domain.errors``), a booking's
+(``domain.booking``: stay rules, statuses, journal kinds; ``domain.cancellation``: what cancelling a stay costs), a city's (``domain.cities``: one canonical name for
 "Lisboa", "LISBON" and "lisbon "), a provider's text (``domain.third_party``: shown as data) and the model's (``domain.llm``: the simulated model names, the concierge's tool
 names)."""
 
@@ -15,7 +15,6 @@ from domain.booking import (
     PROGRESS,
     BookingFinalError,
     BookingStatus,
-    ErrorCode,
     InvalidStayError,
     JournalKind,
     check_checkin,
@@ -37,6 +36,7 @@ from domain.cancellation import (
     quote_refund,
 )
 from domain.cities import CITY_ALIASES, canonical_city, city_key
+from domain.errors import ErrorCode
 from domain.llm import (
     BOOK_HOTEL,
     CANCEL_BOOKING,

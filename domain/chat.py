@@ -11,7 +11,8 @@ import hashlib
 from enum import StrEnum
 from typing import Any, Final
 
-from domain.booking import ErrorCode, JournalKind
+from domain.booking import JournalKind
+from domain.errors import ErrorCode
 
 __all__ = [
     "CHAT_EVENT_KINDS",

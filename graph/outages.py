@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from infra.error_table import answer_for, is_outage
 from resilience import OutageWaitError, circuit_registry, outage_pause, pause_fits, waits_out_outages
 

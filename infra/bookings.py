@@ -29,11 +29,11 @@ from typing import Any, Final
 from redis.asyncio import Redis
 
 from domain.booking import FINAL_BOOKING_STATUSES, BookingStatus, JournalKind
+from identity.people import person_key
 from infra import journal
 from infra.booking_keys import BOOKINGS_TAG, booking_key, journal_key
 from infra.journal import encode_entry, instance_id
 from infra.metrics import count_cancel_request, count_final
-from infra.people import person_key
 from infra.redis import RedisScript, key, text
 from infra.settings import get_settings
 

@@ -25,9 +25,9 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final, cast
 
 from domain.chat import CHAT_EVENT_KINDS
+from identity.people import QuotaExceededError, person_key
 from infra.booking_keys import BOOKINGS_TAG, journal_key
 from infra.journal import encode_entry, instance_id, parse_entries
-from infra.people import QuotaExceededError, person_key
 from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
 

@@ -4,7 +4,7 @@ The HTTP edge (``infra.service``), the A2A skill errors (``infra.a2a.server``) a
 (``agents.booking.graph``) all ask ``answer_for(exc)``; none keeps a mapping of its own. Rows are tried in order and the
 first whose class matches wins, so a subclass comes before its base. A row without a code takes the exception's
 own: a business error raised on purpose (``SkillFailure``, a peer's ``A2ASkillError``, any ``NonRetryableError``
-with a ``code`` attribute). The HTTP status is the code's (``domain.booking.ErrorCode.http_status``).
+with a ``code`` attribute). The HTTP status is the code's (``domain.errors.status_of``).
 
 ``retryable`` tells a caller whether the same request may succeed later; over A2A it decides how the client
 raises (``docs/a2a.md``): not retryable → a business error, ``timeout`` → a timeout, otherwise unavailable.
@@ -23,11 +23,21 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
+from domain.booking import BookingFinalError, InvalidStayError, PriceChangedError
 from domain.cancellation import CancelInProgressError, CancellationRefusedError, FeeExceedsLimitError
 from domain.chat import ChatConflictError
+from domain.errors import ErrorCode, status_of
+from errors.causes import causes
+from errors.connection_errors import never_connected
+from identity.people import (
+    IdempotencyKeyReusedError,
+    InvalidPersonTokenError,
+    JwksUnavailableError,
+    QuotaExceededError,
+    UnauthenticatedError,
+    www_authenticate,
+)
 from infra.a2a.errors import A2AError, A2ASkillError, A2AUnavailableError, SkillFailure
-from infra.causes import causes
 from infra.clients.errors import (
     NoAvailabilityError,
     PaymentDeclinedError,
@@ -35,7 +45,6 @@ from infra.clients.errors import (
     ProviderError,
     ProviderRejectedError,
 )
-from infra.connection_errors import never_connected
 from infra.llm.errors import (
     ModelAuthError,
     ModelBadRequestError,
@@ -45,15 +54,7 @@ from infra.llm.errors import (
     ModelRateLimitedError,
     TokenBudgetExhausted,
 )
-from infra.people import (
-    IdempotencyKeyReusedError,
-    InvalidPersonTokenError,
-    JwksUnavailableError,
-    QuotaExceededError,
-    UnauthenticatedError,
-    www_authenticate,
-)
-from infra.signals import ShuttingDownError
+from process.signals import ShuttingDownError
 from resilience.errors import (
     AttemptTimeoutError,
     BudgetExhaustedError,
@@ -163,7 +164,7 @@ TABLE: Final[tuple[tuple[type[Exception], ErrorCode | None, bool], ...]] = (
     (SkillFailure, None, False),
     (A2ASkillError, None, False),
     (InvalidStayError, ErrorCode.INVALID_REQUEST, False),
-    # people (infra.people): who is calling, and their fair share
+    # people (identity.people): who is calling, and their fair share
     (UnauthenticatedError, ErrorCode.UNAUTHENTICATED, False),
     (InvalidPersonTokenError, ErrorCode.INVALID_TOKEN, False),
     (JwksUnavailableError, ErrorCode.DEPENDENCY_UNAVAILABLE, True),  # nobody's token can be checked now
@@ -215,10 +216,9 @@ def _own_code(exc: BaseException) -> str:
 
 
 def _status(code: str) -> int:
-    try:
-        return ErrorCode(code).http_status
-    except ValueError:  # a peer's or a handler's own code: a refusal of the request
-        return ErrorCode.REJECTED.http_status
+    status = status_of(code)  # an ErrorCode's, or one an agent added (domain.errors.add_codes)
+    # a peer's or a handler's own code nobody declared: a refusal of the request
+    return status if status is not None else ErrorCode.REJECTED.http_status
 
 
 def _row_answer(exc: BaseException) -> ErrorAnswer:

@@ -6,7 +6,7 @@ Every request leaving a service carries what the callee needs to behave well:
   too little is left), and the same figure as the request's timeout, so we never wait longer than our caller;
 - ``traceparent``/``tracestate``: the W3C context of a CLIENT span around the request (``TracedTransport``);
 - ``Authorization: Bearer <service token>``: only to our own agents (``audience=<its service name>``): a short-lived
-  JWT naming this service and the callee (``infra.auth``), minted once a minute, not per request.
+  JWT naming this service and the callee (``identity.auth``), minted once a minute, not per request.
 
 Why our own client span instead of ``opentelemetry-instrumentation-httpx``: on a 2-core test machine that
 instrumentation added 0.9 ms of CPU to a 2 ms httpx request, more than the callee's whole FastAPI handling of it,
@@ -24,8 +24,9 @@ import httpx
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from infra.auth import ServiceTokens, person_acted_for, service_tokens
-from infra.connection_errors import never_connected
+from errors.connection_errors import never_connected
+from identity.auth import ServiceTokens, person_acted_for, service_tokens
+from infra.settings import get_settings
 from resilience.budget import BUDGET_HEADER, outgoing_budget_seconds
 
 __all__ = ["TracedTransport", "create_http_client", "never_connected"]
@@ -110,7 +111,7 @@ def create_http_client(
     environment: calls between services and to the providers never take a detour through a proxy meant for the
     outside world.
     """
-    tokens = service_tokens(issuer) if audience is not None else None
+    tokens = service_tokens(issuer, get_settings()) if audience is not None else None
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return httpx.AsyncClient(
         base_url=base_url,

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from infra.people import QuotaExceededError, person_key
+from identity.people import QuotaExceededError, person_key
 from infra.redis import RedisScript, key
 from infra.settings import Settings
 

@@ -16,7 +16,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from domain.llm import PRIMARY_MODEL
-from infra.hosts import is_local_host, parse_allowed_hosts
+from identity.hosts import is_local_host, parse_allowed_hosts
 from infra.redis_url import parse_redis_url
 
 
@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     # uvicorn's line per request: off by default, the request metrics and spans say more for less (a log record
     # and a write per request, eight requests per booking)
     access_log: bool = Field(False, validation_alias="CONCIERGE_ACCESS_LOG")
-    # young-generation threshold of the garbage collector (infra/gc_tuning.py); 0 keeps CPython's default
+    # young-generation threshold of the garbage collector (process/gc_tuning.py); 0 keeps CPython's default
     gc_gen0_threshold: int = Field(20_000, validation_alias="CONCIERGE_GC_GEN0_THRESHOLD", ge=0)
 
     # what one client can hold of a service (infra/service/server.py; docs/people.md)
@@ -135,13 +135,13 @@ class Settings(BaseSettings):
     journal_max_len: int = Field(1000, validation_alias="JOURNAL_MAX_LEN", gt=0)
     journal_ttl_s: int = Field(7 * 24 * 3600, validation_alias="JOURNAL_TTL_S", gt=0)
 
-    # service-to-service: the per-deployment secret that signs every service token (infra/auth.py); no default,
+    # service-to-service: the per-deployment secret that signs every service token (identity/auth.py); no default,
     # a service refuses to start without it. CONCIERGE_SERVICE_TOKEN, the static bearer it replaces, is retired:
     # nothing reads it and no service accepts it.
     service_secret: SecretStr | None = Field(None, validation_alias="CONCIERGE_SERVICE_SECRET")
     # the simulated providers' /admin routes (faults, ledgers, availability): off (404) when unset
     admin_token: SecretStr | None = Field(None, validation_alias="CONCIERGE_ADMIN_TOKEN")
-    # people (infra/people.py, docs/deploy.md): who calls the public APIs (/bookings, /chats), as a bearer JWT
+    # people (identity/people.py, docs/deploy.md): who calls the public APIs (/bookings, /chats), as a bearer JWT
     auth: Literal["on", "off"] = Field(
         "on",
         validation_alias="CONCIERGE_AUTH",
@@ -210,7 +210,7 @@ class Settings(BaseSettings):
         validation_alias="HOTEL_API_KEY",
         description="hotel-api's client key (Authorization: Bearer): on a client, the key it sends; on hotel-api, "
         "the one key it accepts. Unset: each client derives its own from CONCIERGE_SERVICE_SECRET and hotel-api "
-        "accepts its clients' (infra.auth.provider_api_key, docs/people.md).",
+        "accepts its clients' (identity.auth.provider_api_key, docs/people.md).",
     )
     payment_api_key: SecretStr | None = Field(
         None,
@@ -226,7 +226,7 @@ class Settings(BaseSettings):
         None,
         validation_alias="LLM_API_KEY",
         description="The model provider's API key (Authorization: Bearer): what llm-api accepts and the concierge "
-        "sends. Unset: both derive one from CONCIERGE_SERVICE_SECRET (infra.auth.llm_api_key, docs/llm-api.md).",
+        "sends. Unset: both derive one from CONCIERGE_SERVICE_SECRET (identity.auth.llm_api_key, docs/llm-api.md).",
     )
     recovery_worker_url: str = Field("http://127.0.0.1:8020", validation_alias="RECOVERY_WORKER_URL")
     concierge_agent_url: str = Field("http://127.0.0.1:8003", validation_alias="CONCIERGE_AGENT_URL")

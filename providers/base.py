@@ -5,7 +5,7 @@ the guards in front of their routes.
 alone: ``Authorization: Bearer $CONCIERGE_ADMIN_TOKEN``, else 401; with no admin token configured the routes do not
 exist (404, as for any unknown path). Every other route but the shell's own (health, metrics, OpenAPI) is business
 (search, hold, charge, refund, look up) and wants the key of one of the provider's clients
-(``infra.auth.provider_api_key_ok``), else 401: a real provider issues keys per client. Both guards sit in front of
+(``identity.auth.provider_api_key_ok``), else 401: a real provider issues keys per client. Both guards sit in front of
 routing, so no route (present or future) is reached, and no body parsed, before the credential is checked.
 """
 
@@ -19,12 +19,13 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from domain.booking import ErrorCode
-from infra.auth import admin_token, admin_token_ok, provider_api_key_ok
+from domain.errors import ErrorCode
+from identity.auth import admin_token, admin_token_ok, provider_api_key_ok
 from infra.clients.wire import IDEMPOTENCY_HEADER, MAX_IDEMPOTENCY_KEY_LENGTH, REPLAYED_HEADER, provider_error
 from infra.service import MAX_BODY_BYTES, create_service_app
 from infra.service.openapi import Answer, detail, document
 from infra.service.openapi import provider_error as provider_answer
+from infra.settings import get_settings
 from providers.faults import AnswerDelay, ClientGoneError, FaultInjector, Faults, InjectedFaultError, faults_router
 from providers.idempotency import IdempotencyKeyReusedError, MissingIdempotencyKeyError
 
@@ -94,7 +95,7 @@ _CLIENT_KEY_SCHEMES = {
         "type": "http",
         "scheme": "bearer",
         "description": "The calling client's key: `HOTEL_API_KEY` / `PAYMENT_API_KEY`, or the one its deployment "
-        "derives for it from `CONCIERGE_SERVICE_SECRET` (infra/auth.py `provider_api_key`).",
+        "derives for it from `CONCIERGE_SERVICE_SECRET` (identity/auth.py `provider_api_key`).",
     }
 }
 _CLIENT_KEY_ANSWER = provider_answer(
@@ -157,7 +158,7 @@ class AdminGuard:
         if scope["type"] != "http" or not _is_admin(str(scope.get("path", ""))):
             await self.app(scope, receive, send)
             return
-        expected = admin_token()
+        expected = admin_token(get_settings())
         if expected is None:
             await send_json(send, 404, {"detail": "Not Found"}, [])  # what an unknown path answers
             return
@@ -194,7 +195,7 @@ class ClientKeyGuard:
             await self.app(scope, receive, send)
             return
         header = _authorization(scope)
-        if provider_api_key_ok(self.provider, header):
+        if provider_api_key_ok(self.provider, header, get_settings()):
             await self.app(scope, receive, send)
             return
         challenge = b"Bearer" if header is None else b'Bearer error="invalid_token"'

@@ -11,7 +11,7 @@
 
 Deterministic and offline: a rule-based reading of English (``providers.llm.conversation``) answers with one tool
 call or with words, and counts usage with its own tokenizer (``providers.llm.tokens``). ``/v1`` needs
-``Authorization: Bearer <key>`` (``infra.auth.llm_api_key``); its errors come in OpenAI's shape.
+``Authorization: Bearer <key>`` (``identity.auth.llm_api_key``); its errors come in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.llm import SIMULATED_MODELS
-from infra.auth import llm_api_key
+from identity.auth import llm_api_key
 from infra.service import get_redis
 from infra.service.openapi import Answer, document
+from infra.settings import get_settings
 from providers.base import create_provider_app, send_json
 from providers.llm.exchange import CONTEXT_WINDOWS, CUT_IS_NOT_AN_ERROR, PROVIDER, Exchange
 from providers.llm.faults import (
@@ -88,7 +89,7 @@ class ApiKeyGuard:
         header = next((bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), "")
         scheme, _, presented = header.partition(" ")
         presented = presented.strip() if scheme.lower() == "bearer" else ""
-        expected = llm_api_key()
+        expected = llm_api_key(get_settings())
         if presented and expected is not None and _same(presented, expected):
             await self.app(scope, receive, send)
             return

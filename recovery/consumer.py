@@ -82,7 +82,7 @@ from infra.error_table import is_outage
 from infra.journal import writer
 from infra.metrics import observe_recovery
 from infra.settings import Settings, get_settings
-from infra.tasks import drain_tasks
+from process.tasks import drain_tasks
 from recovery.errors import RecoveryStoreError
 from recovery.queue import AckOutcome, Delivery, QueueGuard, RecoveryQueue
 from resilience import Bulkhead, RetryConfig, backoff_delay, bulkhead_registry

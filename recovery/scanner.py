@@ -12,7 +12,7 @@ in that pass, so the same scan finds and queues them: a dead owner is noticed in
 not after a run lease TTL.
 
 ``run`` ends when ``stopping`` is set (at its next turn) as well as when cancelled: a cancellation that lands as a
-Redis call completes can be lost (``infra.tasks``), and a scanner that went on scanning held its worker's shutdown.
+Redis call completes can be lost (``process.tasks``), and a scanner that went on scanning held its worker's shutdown.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from infra.journal import name_instance
 from infra.settings import get_settings
-from infra.tasks import drain_tasks
+from process.tasks import drain_tasks
 from runs.leases import RunLease, instance_name
 from runs.presence import Presence
 from runs.runner import Finished, HandOff, RunInput, RunResult, execute_run

@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 
 from infra.redis import RedisScript, clients_and_server, create_redis, key, text
 from infra.settings import get_settings
-from infra.tasks import bounded_step, stop_task
+from process.tasks import bounded_step, stop_task
 from runs.audit import AuditResult, HoldAudit
 from runs.errors import redis_errors
 from runs.in_use import LeasesInUse
@@ -202,7 +202,7 @@ class Presence:
         self._owns_client = client is None
         self._task: asyncio.Task[None] | None = None
         self.holds = HoldAudit(self.client, self.instance, prefix=prefix, in_use=in_use)
-        # ends the renewals even if a cancellation is lost in a Redis call (``infra.tasks``): a renewal after the
+        # ends the renewals even if a cancellation is lost in a Redis call (``process.tasks``): a renewal after the
         # deregistration would register this instance again as it exits
         self._stopping = asyncio.Event()
 

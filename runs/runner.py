@@ -47,7 +47,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Interrupt
 
-from domain.booking import ErrorCode, JournalKind
+from domain.booking import JournalKind
+from domain.errors import ErrorCode
 from graph.idempotency import fence_scope
 from infra.error_table import answer_for, is_outage
 from infra.journal import flush as journal_flush

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from infra.auth import MissingSecretError, service_secret
+from identity.auth import MissingSecretError, service_secret
 from infra.settings import get_settings
 from stack.services import SERVICES, UnknownServiceError, get_service
 
@@ -91,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"concierge serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        service_secret()
+        service_secret(get_settings())
     except MissingSecretError as exc:
         print(f"concierge serve {spec.name}: {exc}", file=sys.stderr)
         return EXIT_FAILURE

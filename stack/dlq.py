@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from infra.causes import causes
+from errors.causes import causes
 from infra.redis import create_redis
 from infra.redis_url import redact_redis_url
 from infra.settings import get_settings

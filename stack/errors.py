@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from resilience import NonRetryableError
 
 __all__ = [

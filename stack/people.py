@@ -17,8 +17,8 @@ import argparse
 import os
 from pathlib import Path
 
-from infra.auth import MissingSecretError, service_secret
-from infra.people import LOCAL_ISSUER, LocalIssuer
+from identity.auth import MissingSecretError, service_secret
+from identity.people import LOCAL_ISSUER, LocalIssuer
 from infra.settings import get_settings
 from stack.console import EXIT_OK, Subparsers, one_line_errors, stack_paths
 from stack.control import supervisor_running
@@ -171,7 +171,7 @@ def console_login_url(ttl_s: float | None = None) -> str:
             raise StackError("the running stack has no console")
         return login_url(url, stack_secrets.service_secret, ttl)
     try:
-        secret = service_secret()
+        secret = service_secret(get_settings())
     except MissingSecretError as exc:
         raise StackError(f"no stack runs here and {exc}: set the console's stack's secret") from None
     configured = os.environ.get("CONSOLE_URL") or f"http://127.0.0.1:{SERVICES['console'].port}"

@@ -167,7 +167,7 @@ class StackSecrets:
 
     Taken from the environment when set there (an operator's choice), generated otherwise: a stack never runs on a
     value anyone else knows. ``llm_api_key`` is empty in a file written before it existed: the services then derive
-    one (``infra.auth.llm_api_key``). ``redis_password`` is made once per data directory (``up`` keeps the one it
+    one (``identity.auth.llm_api_key``). ``redis_password`` is made once per data directory (``up`` keeps the one it
     finds here); empty in an older file, whose stack's Redis has none, until the next ``up`` makes one.
     """
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from infra.auth import admin_token as admin_token_from_env
+from identity.auth import admin_token as admin_token_from_env
 from infra.settings import get_settings
 from stack.console import stack_paths
 from stack.control import supervisor_running
@@ -149,7 +149,7 @@ def provider_url(service: str, explicit: str | None) -> tuple[str, bool]:
 
 def admin_token(explicit_url: bool) -> str | None:
     """The local stack's admin token for its own providers; ``CONCIERGE_ADMIN_TOKEN`` first for any other."""
-    from_env = admin_token_from_env()
+    from_env = admin_token_from_env(get_settings())
     if explicit_url and from_env is not None:
         return from_env
     paths = stack_paths()

@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from infra.auth import MissingSecretError, service_secret
+from identity.auth import MissingSecretError, service_secret
 from infra.settings import get_settings
 from stack.console import (
     EXIT_FAILURE,
@@ -237,7 +237,7 @@ def _check_secret() -> None:
     """A secret taken from the environment must be usable: one line now, not a failure in every service's log."""
     if os.environ.get("CONCIERGE_SERVICE_SECRET"):
         try:
-            service_secret()
+            service_secret(get_settings())
         except MissingSecretError as exc:
             raise StartupError(f"{exc}; or unset it and `up` generates one") from None
 

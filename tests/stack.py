@@ -34,7 +34,7 @@ import httpx
 import psycopg
 
 from domain.booking import FINAL_BOOKING_STATUSES
-from infra.auth import PROVIDER_CLIENTS, derived_provider_key, mint_service_token
+from identity.auth import PROVIDER_CLIENTS, derived_provider_key, mint_service_token
 from stack.login import login_url
 from stack.services import DEFAULT_STACK, SERVICES, ServiceSpec
 from tests.procs import Processes, ServiceProcess, concierge_command, free_port

@@ -70,7 +70,6 @@ from domain.booking import (
     MIN_GUESTS,
     BookingFinalError,
     BookingStatus,
-    ErrorCode,
     JournalKind,
     check_checkin,
     check_nights,
@@ -84,6 +83,8 @@ from domain.cancellation import (
     RefundQuote,
     quote_refund,
 )
+from domain.errors import ErrorCode
+from identity.people import Caller, IdempotencyKeyReusedError
 from infra.a2a.errors import SkillFailure
 from infra.a2a.server import Skill, current_caller, current_person, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
@@ -92,7 +93,6 @@ from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.clients.wire import Cancellation
 from infra.error_table import answer_for, answer_response
 from infra.journal import is_final, read_journal
-from infra.people import Caller, IdempotencyKeyReusedError
 from infra.quotas import Release
 from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import (
@@ -106,7 +106,7 @@ from infra.service.openapi import (
 )
 from infra.service.people import PEOPLE_ANSWERS, Who, open_stream
 from infra.settings import Settings, get_settings
-from infra.signals import ShuttingDownError
+from process.signals import ShuttingDownError
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import (
     OUTBOUND_BULKHEAD_CONFIGS,

@@ -34,7 +34,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from agents.booking.graph import COMPENSATION_BUDGET_S, BookingDeps, BookingError, classify
-from domain.booking import BookingStatus, ErrorCode, JournalKind
+from domain.booking import BookingStatus, JournalKind
+from domain.errors import ErrorCode
 from graph.idempotency import idempotency_key, idempotent_node
 from graph.migrations import Migration
 from graph.tracing import traced_node

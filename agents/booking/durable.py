@@ -23,7 +23,7 @@ from agents.booking.graph import (
     booking_is_final,
     open_booking_deps,
 )
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from recovery.consumer import Graph, RecoverableGraph
 from recovery.registry import DurableGraph
 from runs.leases import RunRecord

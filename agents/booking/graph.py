@@ -66,13 +66,13 @@ from redis.asyncio import Redis
 from domain.booking import (
     FINAL_BOOKING_STATUSES,
     BookingStatus,
-    ErrorCode,
     InvalidStayError,
     JournalKind,
     PriceChangedError,
     check_hold_price,
     validate_stay,
 )
+from domain.errors import ErrorCode
 from graph.idempotency import idempotency_key, idempotent_node
 from graph.migrations import Migration
 from graph.outages import raise_if_waited_out

@@ -46,7 +46,6 @@ from agents.concierge.prompts import system_prompt
 from agents.concierge.state import turn_input
 from agents.concierge.tools import offer_for
 from domain import currency_code, hotel_named
-from domain.booking import ErrorCode
 from domain.chat import (
     ApprovalExpiredError,
     ApprovalPendingError,
@@ -56,6 +55,8 @@ from domain.chat import (
     TurnOutcome,
     check_text,
 )
+from domain.errors import ErrorCode
+from identity.people import Caller, IdempotencyKeyReusedError, person_key
 from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.server import Skill, current_person, mount_a2a, progress_wanted, report_progress
 from infra.a2a.wire import A2A_PATH
@@ -63,13 +64,12 @@ from infra.chats import FeedHub
 from infra.checkpointer import checkpointer_ready, open_checkpointer
 from infra.error_table import is_outage
 from infra.llm import ChatModel
-from infra.people import Caller, IdempotencyKeyReusedError, person_key
 from infra.quotas import Release
 from infra.service import STREAM_ID_PATTERN, create_service_app, journal_response, shutting_down_event
 from infra.service.openapi import answers, detail, document_service_token, error, validation_error
 from infra.service.people import PEOPLE_ANSWERS, Who, open_stream
 from infra.settings import get_settings
-from infra.tasks import stop_task
+from process.tasks import stop_task
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import remaining_budget
 from runs.api import RUN_VIEW_STATE, RunView, runs_router

@@ -17,10 +17,10 @@ from typing import Any, Final
 from agents.concierge.context import ConciergeDeps
 from agents.concierge.state import Approval, Done, Pending
 from agents.concierge.views import booking_view, third_party_text, tool_error
-from domain.booking import ErrorCode
 from domain.chat import ChatEventKind
+from domain.errors import ErrorCode
 from graph.outages import raise_if_waited_out
-from infra.auth import person_acted_for
+from identity.auth import person_acted_for
 from infra.error_table import answer_for
 from infra.journal import is_final, read_journal
 from resilience import policy_for

@@ -24,7 +24,7 @@ from agents.concierge.state import Approval
 from agents.concierge.tools import Tool, ToolContext
 from domain.booking import FINAL_BOOKING_STATUSES
 from domain.chat import InvalidToolCallError
-from infra.auth import acting_for
+from identity.auth import acting_for
 from infra.settings import get_settings
 from runs.leases import RunRecord, RunStatus
 

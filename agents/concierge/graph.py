@@ -36,16 +36,16 @@ from agents.concierge.prompts import system_prompt
 from agents.concierge.state import Approval, ConciergeState, Done, Pending, failure
 from agents.concierge.tools import Tool, ToolContext, answer_error, offer_for, repeat_answer, tool_named
 from agents.concierge.views import tool_error
-from domain.booking import ErrorCode
 from domain.chat import ChatEventKind, InvalidToolCallError, TurnOutcome, approval_id_for
+from domain.errors import ErrorCode
 from domain.llm import BOOK_HOTEL
 from graph.idempotency import idempotent_node
 from graph.migrations import Migration
 from graph.tracing import traced_node
-from infra.auth import acting_for
+from identity.auth import acting_for
+from identity.people import QuotaExceededError
 from infra.error_table import answer_for
 from infra.llm import Budget, ModelError, Usage
-from infra.people import QuotaExceededError
 from infra.settings import get_settings
 
 __all__ = [

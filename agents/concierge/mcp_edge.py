@@ -1,6 +1,6 @@
 """concierge-agent's ``/mcp`` door: people only, as on the HTTP API, and the MCP SDK loaded with the first caller.
 
-Every request shows a person's bearer JWT (``infra.people.PeopleGate``, docs/people.md) and is counted against
+Every request shows a person's bearer JWT (``identity.people.PeopleGate``, docs/people.md) and is counted against
 their ``PERSON_REQUESTS_PER_MIN``; without one the answer is 401 with ``WWW-Authenticate: Bearer
 resource_metadata=".../.well-known/oauth-protected-resource"`` (RFC 9728), the document ``protected_resource``
 serves: the issuer a host gets a token from, and the audience the token must name. The admin token is refused
@@ -18,12 +18,12 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
+from identity.people import InvalidPersonTokenError, PeopleGate, PersonAuthError, QuotaExceededError
 from infra.error_table import answer_for, answer_response, error_body
-from infra.people import InvalidPersonTokenError, PeopleGate, PersonAuthError, QuotaExceededError
 from infra.quotas import PersonQuotas
 from infra.settings import get_settings
-from infra.tasks import stop_task
+from process.tasks import stop_task
 
 __all__ = ["MCP_PATH", "METADATA_PATH", "PERSON_SCOPE_KEY", "McpEdge", "protected_resource"]
 

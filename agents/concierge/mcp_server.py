@@ -38,8 +38,8 @@ from agents.concierge.mcp_edge import PERSON_SCOPE_KEY
 from agents.concierge.state import Approval
 from agents.concierge.tools import TOOL_RECORDS, TOOLS_BY_NAME, Tool
 from domain.approvals import describe_approval
-from domain.booking import ErrorCode
-from domain.chat import InvalidToolCallError
+from domain.chat import ApprovalExpiredError, InvalidToolCallError
+from domain.errors import ErrorCode
 from infra.error_table import answer_for
 from infra.settings import get_settings
 from resilience import budget_scope
@@ -113,15 +113,16 @@ def _result(content: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=content)
 
 
-def _code_of_status(status: int) -> str:
-    return str(ErrorCode.NOT_FOUND) if status == 404 else "refused"
-
-
 def _error(message: str, code: str = ErrorCode.INVALID_REQUEST, **details: Any) -> types.CallToolResult:
     """A tool error the host's model reads (``is_error``): the code, and a sentence naming the field."""
     content = {"error": {"code": str(code), "message": message, **details}}
     text = json.dumps(content, ensure_ascii=False)
     return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=content, is_error=True)
+
+
+def _refused(exc: HTTPException) -> types.CallToolResult:
+    """A route's own refusal reached through a tool: an unknown booking is ``not_found``, the rest ``refused``."""
+    return _error(str(exc.detail), ErrorCode.NOT_FOUND if exc.status_code == 404 else "refused")
 
 
 def _asking(asked: calls.Asked) -> types.InputRequiredResult:
@@ -169,19 +170,23 @@ def build_server(services: Services) -> Server[Any]:
         with budget_scope(settings.default_budget_s + settings.mcp_wait_s):
             try:
                 return await _call(services(), ctx, params)
-            except InvalidToolCallError as exc:  # the refusal a model gets: its own code and details
+            except InvalidToolCallError as exc:
                 return _error(str(exc), exc.code, **exc.details)
-            except HTTPException as exc:  # the shared route helpers' answer (another person's booking: 404)
-                return _error(str(exc.detail), _code_of_status(exc.status_code))
+            except ApprovalExpiredError as exc:
+                return _error(str(exc), "approval_expired")
+            except HTTPException as exc:
+                return _refused(exc)
             except Exception as exc:
-                answer = answer_for(exc)  # the one table: an expired approval, a quota, an outage...
+                answer = answer_for(exc)  # a person's quota too: 429 quota_exceeded, its retry_after
                 if answer.code == ErrorCode.INTERNAL:
                     logger.exception("MCP call %s failed", params.name)
                     return _error("the call could not be completed; nothing more was done", ErrorCode.INTERNAL)
-                extra = dict(answer.fields)
-                if answer.retry_after is not None:
-                    extra["retry_after"] = round(answer.retry_after)
-                return _error(answer.message, answer.code, **extra)
+                wait = (
+                    {"retry_after": round(answer.wait_s)}
+                    if answer.retry_after is not None and answer.wait_s is not None
+                    else {}
+                )
+                return _error(answer.message, answer.code, **wait)
 
     server: Server[Any] = Server(
         SERVER_NAME,

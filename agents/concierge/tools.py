@@ -28,13 +28,13 @@ from domain.booking import (
     MAX_GUESTS,
     MIN_GUESTS,
     BookingStatus,
-    ErrorCode,
     check_checkin,
     parse_iso_date,
     validate_stay,
 )
 from domain.cancellation import CancellationPolicy, CancellationRefusedError, quote_refund
 from domain.chat import InvalidToolCallError
+from domain.errors import ErrorCode
 from domain.llm import BOOK_HOTEL, CANCEL_BOOKING, GET_BOOKING, LIST_BOOKINGS, SEARCH_HOTELS
 from infra.error_table import answer_for
 from resilience import policy_for

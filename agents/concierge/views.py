@@ -11,7 +11,8 @@ from datetime import date
 from typing import Any, Final
 
 from domain import CancellationPolicy
-from domain.booking import ErrorCode, rooms_for
+from domain.booking import rooms_for
+from domain.errors import ErrorCode
 from domain.third_party import MAX_THIRD_PARTY_CHARS, third_party_text
 from infra.bookings import PUBLIC_FIELDS
 

@@ -23,7 +23,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from agents.payment.graph import build_payment_graph, payment_thread_id, payment_token_scope
-from domain.booking import BookingStatus, ErrorCode
+from domain.booking import BookingStatus
+from domain.errors import ErrorCode
 from infra.a2a import SkillFailure
 from infra.a2a.server import Skill, mount_a2a
 from infra.a2a.wire import A2A_PATH

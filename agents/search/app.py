@@ -16,7 +16,8 @@ from pydantic import BaseModel
 
 from agents.search.faults import apply_search_faults, search_faults_router
 from agents.search.graph import build_search_graph
-from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS, ErrorCode
+from domain.booking import ISO_DATE_PATTERN, MAX_GUESTS, MIN_GUESTS
+from domain.errors import ErrorCode
 from infra.a2a.server import Skill, mount_a2a
 from infra.a2a.wire import A2A_PATH
 from infra.clients.providers import HotelApiClient

@@ -24,8 +24,9 @@ from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
-from infra.auth import admin_token, admin_token_ok
+from identity.auth import admin_token, admin_token_ok
 from infra.redis import key
+from infra.settings import get_settings
 
 __all__ = ["NO_SEARCH_FAULTS", "SearchFaults", "apply_search_faults", "search_faults_key", "search_faults_router"]
 
@@ -79,7 +80,7 @@ async def apply_search_faults(redis: Redis) -> None:
 
 
 async def _admin_only(request: Request) -> None:
-    expected = admin_token()
+    expected = admin_token(get_settings())
     if expected is None:
         raise HTTPException(404, "Not Found")
     if not admin_token_ok(request.headers.get("authorization"), expected):

@@ -2,7 +2,7 @@
 
 One pooled ``infra.http.create_http_client(base_url, audience=...)`` (budget, ``traceparent`` and service token
 headers on every request) under the SDK's ``JsonRpcTransport``; the whole call is bounded by the remaining budget
-too. The token names this service and the peer (``infra.auth``): the peer refuses one minted for anyone else.
+too. The token names this service and the peer (``identity.auth``): the peer refuses one minted for anyone else.
 
 The SDK's client side (``a2a.client``: its transports and, through ``a2a.client.optionals``, ``grpc``; 0.2 s) is
 imported with the first call, in a worker thread so the loop keeps answering, not when the service starts: the

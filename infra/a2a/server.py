@@ -1,7 +1,7 @@
 """The A2A server side: ``mount_a2a`` serves an agent card and JSON-RPC skills on a FastAPI app.
 
 The ``/a2a`` endpoint checks the service token (a JWT for this agent, signed with the deployment's secret:
-``infra.auth``; 401 otherwise), starts the budget from ``X-Timeout-Budget`` and adopts the caller's ``traceparent``
+``identity.auth``; 401 otherwise), starts the budget from ``X-Timeout-Budget`` and adopts the caller's ``traceparent``
 before the SDK sees the request; a blocking ``SendMessage`` that starts a new task runs the skill inline, in the
 request's own task. A skill that names its ``callers`` refuses everyone else (``forbidden``), by the token's
 verified ``iss``. A message with no data part (text) gets a task waiting for input that names the skills; a skill
@@ -62,7 +62,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
+from identity.auth import InvalidServiceTokenError, MissingSecretError, ServiceClaims, TokenVerifier, service_secret
 from infra.a2a.errors import SkillFailure, SkillInputRequired
 from infra.a2a.wire import (
     A2A_PATH,
@@ -73,7 +74,6 @@ from infra.a2a.wire import (
     first_data,
     without_secrets,
 )
-from infra.auth import InvalidServiceTokenError, MissingSecretError, ServiceClaims, TokenVerifier, service_secret
 from infra.error_table import answer_for, answer_response, error_body
 from infra.settings import get_settings
 from resilience import bulkhead_registry
@@ -523,7 +523,7 @@ def authenticate(header: str | None, audience: str) -> ServiceClaims:
     ``audience`` (and when this process has no usable secret: then nothing is accepted).
     """
     try:
-        secret = service_secret()
+        secret = service_secret(get_settings())
     except MissingSecretError as exc:
         raise InvalidServiceTokenError(f"this agent has no usable secret: {exc}") from None
     verifier = _verifiers.get(audience)

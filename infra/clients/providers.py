@@ -10,7 +10,7 @@ Errors are converted here (see ``infra.clients.errors``): ``ProviderUnavailableE
 
 The clients add no retry, breaker or bulkhead of their own; wrap calls in ``resilience.policy_for(...)``.
 
-The business calls send the client's key (``Authorization: Bearer``, ``infra.auth.provider_api_key``): the key of
+The business calls send the client's key (``Authorization: Bearer``, ``identity.auth.provider_api_key``): the key of
 ``client`` (default: this service), or ``HOTEL_API_KEY`` / ``PAYMENT_API_KEY`` when set; a refused key is a
 ``ProviderAuthError``. The admin methods (faults, ledger, availability) send ``CONCIERGE_ADMIN_TOKEN`` instead, when
 it is set; neither credential goes anywhere else (no journal entry, span or error carries it).
@@ -27,7 +27,7 @@ from typing import Any, ClassVar, NoReturn, Self
 import httpx
 
 from domain.booking import JournalKind
-from infra.auth import admin_token, provider_api_key
+from identity.auth import admin_token, provider_api_key
 from infra.clients.errors import (
     IdempotencyMismatchError,
     InvalidProviderRequestError,
@@ -63,7 +63,7 @@ class _ProviderClient:
     def __init__(
         self, base_url: str | None = None, *, http: httpx.AsyncClient | None = None, client: str | None = None
     ) -> None:
-        """``client``: whose key the business calls present (``infra.auth.PROVIDER_CLIENTS``); default this service's."""
+        """``client``: whose key the business calls present (``identity.auth.PROVIDER_CLIENTS``); default this service's."""
         if http is not None and base_url is not None:
             raise ValueError("pass base_url or http (already pointed at the provider), not both")
         self._client = client
@@ -98,7 +98,12 @@ class _ProviderClient:
     ) -> Any:
         what = f"{self.provider} {method} {path}"
         headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key is not None else {}
-        token = admin_token() if path.startswith("/admin/") else provider_api_key(self.provider, self._client)
+        settings = get_settings()
+        token = (
+            admin_token(settings)
+            if path.startswith("/admin/")
+            else provider_api_key(self.provider, self._client, settings)
+        )
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         started = time.perf_counter()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from resilience.errors import NonRetryableError
 
 __all__ = [

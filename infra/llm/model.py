@@ -26,7 +26,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.runnables import Runnable
 from pydantic import SecretStr
 
-from infra.auth import llm_api_key
+from identity.auth import llm_api_key
 from infra.llm.classify import classify
 from infra.llm.errors import (
     ModelError,

@@ -1,10 +1,10 @@
 """``create_service_app(name)``: the FastAPI app every service starts from (``docs/service-shell.md``).
 
 Its lifespan sets up logging, the service's identity (``name`` signs its service tokens with
-``CONCIERGE_SERVICE_SECRET``; no usable secret, no start: ``infra.auth``), telemetry, budget defaults, the dependency
-table (``infra.dependencies``), the resilience metrics hook and one Redis client on ``app.state.redis``, then runs
-the service's own lifespan nested inside; its edge is ``infra.service.middleware`` (the host check first, outside any
-middleware a service adds), its error answers come from ``infra.error_table``, its routes from
+``CONCIERGE_SERVICE_SECRET``; no usable secret, no start: ``identity.auth``), telemetry, budget defaults, the
+dependency table (``infra.dependencies``), the resilience metrics hook and one Redis client on ``app.state.redis``,
+then runs the service's own lifespan nested inside; its edge is ``infra.service.middleware`` (the host check first,
+outside any middleware a service adds), its error answers come from ``infra.error_table``, its routes from
 ``infra.service.health``.
 """
 
@@ -32,14 +32,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp
 
-from infra.auth import MissingSecretError, use_service_identity
+from identity.auth import MissingSecretError, use_service_identity
+from identity.people import PeopleConfigError, PeopleGate
 from infra.dependencies import install as install_dependencies
 from infra.error_table import TABLE, answer_for, answer_response
-from infra.gc_tuning import service_gc
 from infra.journal import JournalWriter, install_writer, resilience_hook
 from infra.journal import flush as journal_flush
 from infra.metrics import install_resilience_metrics, llm_metrics, story_metrics
-from infra.people import PeopleConfigError, PeopleGate
 from infra.quotas import PersonQuotas
 from infra.redis import create_redis
 from infra.service.health import READY_CHECK_TIMEOUT_S, ReadyCheck, install_health_routes
@@ -56,9 +55,10 @@ from infra.service.openapi import install_openapi
 from infra.service.state import ServiceInfo
 from infra.service.vitals import Vitals
 from infra.settings import get_settings
-from infra.signals import Stopping, on_terminate
-from infra.tasks import bounded_step
 from infra.telemetry import configure_telemetry, shutdown_telemetry
+from process.gc_tuning import service_gc
+from process.signals import Stopping, on_terminate
+from process.tasks import bounded_step
 from resilience import (
     add_hook,
     circuit_registry,

@@ -21,9 +21,9 @@ from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
+from identity.hosts import AllowedHosts, host_name
 from infra.error_table import answer_for, answer_response, error_body
-from infra.hosts import AllowedHosts, host_name
 from infra.settings import Settings, get_settings
 from resilience import (
     BUDGET_HEADER,
@@ -88,7 +88,7 @@ _REFUSED_HOSTS_LOGGED = 1000
 
 class HostCheckMiddleware:
     """421 ``host_not_allowed`` for a request whose ``Host`` is not a name of this service, before anything else
-    runs: the DNS-rebinding guard (``infra.hosts``). Each offending host is logged once, not once per request."""
+    runs: the DNS-rebinding guard (``identity.hosts``). Each offending host is logged once, not once per request."""
 
     def __init__(self, app: ASGIApp, service_name: str) -> None:
         self.app = app

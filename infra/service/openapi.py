@@ -29,7 +29,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import validation_error_definition, validation_error_response_definition
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from infra.service.middleware import MAX_BODY_BYTES, MAX_HEADER_BYTES
 from resilience import BUDGET_HEADER
 
@@ -299,7 +299,7 @@ SERVICE_TOKEN_SCHEMES: Mapping[str, Mapping[str, Any]] = {
         "scheme": "bearer",
         "bearerFormat": "JWT",
         "description": "A service token of this deployment for this agent: HS256 with `CONCIERGE_SERVICE_SECRET`, "
-        "`iss` the calling service, `aud` this agent (infra/auth.py).",
+        "`iss` the calling service, `aud` this agent (identity/auth.py).",
     }
 }
 

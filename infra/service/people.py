@@ -8,8 +8,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from domain.booking import ErrorCode
-from infra.people import Caller, PeopleGate
+from domain.errors import ErrorCode
+from identity.people import Caller, PeopleGate
 from infra.quotas import PersonQuotas, Release
 from infra.service.openapi import Answer, error
 

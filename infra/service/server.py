@@ -21,7 +21,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from infra.error_table import error_body
 from infra.service.middleware import MAX_HEADER_BYTES
 from infra.settings import Settings, get_settings

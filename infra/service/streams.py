@@ -9,7 +9,7 @@ from typing import Final
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from domain.booking import ErrorCode
+from domain.errors import ErrorCode
 from infra.error_table import error_body
 
 __all__ = ["STREAM_ID_PATTERN", "journal_response", "shutting_down_event"]

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from infra.redis import connection_counts, key
-from infra.tasks import stop_task
+from process.tasks import stop_task
 from resilience import Restore, bulkhead_registry, calls_in_flight, layers_on, set_layers
 
 __all__ = ["LAYERS_OFF_KEY", "Vitals", "layers_off_key", "layers_switched_off", "rss_kib"]

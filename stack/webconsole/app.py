@@ -37,12 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from domain.booking import MAX_NIGHTS, check_checkin
-from infra.auth import admin_token, service_secret
+from identity.auth import admin_token, service_secret
+from identity.people import PersonAuthError
 from infra.bookings import BookingStore
 from infra.clients import ProviderUnavailableError
 from infra.error_table import answer_for, answer_response
 from infra.journal import read_journal
-from infra.people import PersonAuthError
 from infra.service import STREAM_ID_PATTERN, create_service_app, error_body, get_redis
 from infra.settings import Settings, get_settings
 from recovery import DeadLetterQueue, RecoveryQueue
@@ -371,7 +371,7 @@ class Watcher:
         )
 
     async def _faults(self, targets: list[Target]) -> dict[str, Any]:
-        token = admin_token()
+        token = admin_token(get_settings())
         found: dict[str, Any] = {}
         for name in PROVIDERS:
             url = next((t.url for t in targets if t.service == name), None)
@@ -662,7 +662,7 @@ def create_app(paths: StackPaths | None = None) -> FastAPI:
         # operator books and says, it does as the local user (`me`, or $CONCIERGE_USER) when the machine has its issuer
         settings = get_settings()
         app.state.issuer = local_issuer()
-        token = admin_token()
+        token = admin_token(get_settings())
         app.state.gate = ConsoleGate.from_settings(settings, service_secret(settings), token)
         operator = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(timeout=RELAY_TIMEOUT_S, headers=operator) as http:
@@ -1005,7 +1005,7 @@ def _answer(exc: BaseException) -> JSONResponse:
 
 
 async def _admin_faults(watcher: Watcher, provider: str, method: str, body: dict[str, Any] | None) -> Response:
-    token = admin_token()
+    token = admin_token(get_settings())
     if token is None:
         raise ConsoleForbiddenError("CONCIERGE_ADMIN_TOKEN is not set: the providers' fault routes are off")
     url = await watcher.provider(provider)

@@ -22,9 +22,8 @@ from typing import Any, Final
 import jwt
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from infra.auth import admin_token_ok, bearer_credentials
-from infra.journal import encode_entry, instance_id, parse_entries
-from infra.people import (
+from identity.auth import admin_token_ok, bearer_credentials
+from identity.people import (
     OPERATOR,
     InvalidPersonTokenError,
     PeopleConfigError,
@@ -32,6 +31,7 @@ from infra.people import (
     PersonVerifier,
     UnauthenticatedError,
 )
+from infra.journal import encode_entry, instance_id, parse_entries
 from infra.redis import key
 from infra.settings import Settings, get_settings
 from stack.login import LoginTicketError, check_ticket

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from domain.booking import to_cents
-from infra.people import LocalIssuer
+from identity.people import LocalIssuer
 from tests.stack import CORE, Stack, fresh_database, new_person, people_env, stay
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.people import LOCAL_ISSUER, LocalIssuer
+from identity.people import LOCAL_ISSUER, LocalIssuer
 from stack.login import login_url, mint_ticket
 from tests.procs import concierge_command, free_port
 from tests.stack import CORE, Stack, people_env, stay

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,7 +36,8 @@ from tests.stack import CORE, Stack, fresh_database, stay
 pytestmark = pytest.mark.e2e
 
 SERVICES = (*CORE, "llm-api", "recovery-worker", "concierge-agent")
-PACKAGES = ("stack", "agents", "providers", "recovery", "runs", "graph", "infra", "domain", "resilience")
+PACKAGES = tuple(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"])
+"""Every package of the project (the floors name them all): what a copy of the checkout needs to run."""
 READY_TIMEOUT_S = 120.0
 CHARGE_IN_FLIGHT_S = 1.5
 """After ``paying`` shows, how long until the charge surely waits at payment-api (3 s latency)."""

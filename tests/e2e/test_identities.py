@@ -1,6 +1,6 @@
 """People, not just services: two people and an outsider against real processes with identities on.
 
-The issuer is a local one (``infra.people.LocalIssuer``) whose JWKS the services fetch over HTTP from a server this
+The issuer is a local one (``identity.people.LocalIssuer``) whose JWKS the services fetch over HTTP from a server this
 module runs, so a key can be rotated to a new ``kid`` while they run. Each test uses people of its own (a fresh
 ``sub``), so their quotas and lists do not meet.
 """
@@ -22,8 +22,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from infra.auth import mint_service_token
-from infra.people import LOCAL_ISSUER, LocalIssuer
+from identity.auth import mint_service_token
+from identity.people import LOCAL_ISSUER, LocalIssuer
 from tests.e2e.test_concierge import START_S, a2a_concierge, a2a_result, start
 from tests.stack import CORE, Stack, fresh_database, stay
 

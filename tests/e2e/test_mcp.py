@@ -26,7 +26,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from infra.people import LocalIssuer
+from identity.people import LocalIssuer
 from tests.stack import CORE, Stack, fresh_database, new_person, people_env, stay
 
 pytestmark = pytest.mark.e2e

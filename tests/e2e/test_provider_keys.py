@@ -19,7 +19,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from infra.auth import PROVIDER_CLIENTS, derived_provider_key
+from identity.auth import PROVIDER_CLIENTS, derived_provider_key
 from infra.redis import create_sync_redis
 from infra.service import create_service_app
 from providers import hotel_api, payment_api

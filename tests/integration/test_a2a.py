@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from identity.auth import mint_service_token
 from infra.a2a import (
     A2A_PATH,
     AGENT_CARD_PATH,
@@ -35,7 +36,6 @@ from infra.a2a import (
 )
 from infra.a2a.client import A2AClient
 from infra.a2a.server import Skill, current_caller, mount_a2a
-from infra.auth import mint_service_token
 from infra.http import create_http_client
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry

@@ -19,10 +19,10 @@ from redis.asyncio import Redis
 
 from agents.booking.app import BookingRequest, BookingService
 from agents.booking.graph import BookingDeps
+from identity.people import IdempotencyKeyReusedError
 from infra.bookings import BookingStore
 from infra.error_table import answer_for
 from infra.payment_tokens import PaymentTokens
-from infra.people import IdempotencyKeyReusedError
 from recovery.queue import DeadLetterQueue, QueueGuard
 from resilience import Bulkhead, BulkheadConfig, OverloadedError, TimedSlot
 from runs.leases import RunStore

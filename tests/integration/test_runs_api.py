@@ -9,7 +9,7 @@ import httpx
 from fastapi import FastAPI, Request
 from redis.asyncio import Redis
 
-from infra.people import Caller
+from identity.people import Caller
 from infra.service import people as service_people
 from runs.api import RUN_VIEW_STATE, RunView, runs_router
 from runs.leases import RunStore

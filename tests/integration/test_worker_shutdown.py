@@ -22,7 +22,7 @@ import pytest
 from agents import recovery_worker
 from agents.recovery_worker import RecoveryWorker
 from infra.settings import get_settings
-from infra.tasks import stop_task
+from process.tasks import stop_task
 from recovery import DeadLetterQueue, OrphanScanner, QueueGuard
 from recovery.consumer import ConsumerConfig
 from runs import RunStore

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from infra.causes import causes
-from infra.connection_errors import never_connected
+from errors.causes import causes
+from errors.connection_errors import never_connected
 from infra.error_table import answer_for
 
 

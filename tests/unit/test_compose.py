@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from domain.llm import PRIMARY_MODEL
-from infra.people import LOCAL_ISSUER, LocalIssuer
+from identity.people import LOCAL_ISSUER, LocalIssuer
 from stack.services import DEPLOYED, SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
 INFRASTRUCTURE = {"redis", "postgres", "jaeger", "prometheus", "grafana"}
 # one-shots: run once, exit 0, and the services wait for that (service_completed_successfully)
 ONE_SHOTS = {"issuer"}
-# the services that take people's tokens (infra/people.py PeopleGate), and the containers people's commands run in
+# the services that take people's tokens (identity/people.py PeopleGate), and the containers people's commands run in
 # (`docker compose exec recovery-worker concierge book`, `exec concierge-agent concierge ask`, `exec booking-agent
 # concierge token`): they mount the local issuer, as the table marks them (mounts_issuer)
 PEOPLE_GATED = ("booking-agent", "concierge-agent")

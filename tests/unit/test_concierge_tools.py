@@ -26,8 +26,9 @@ from agents.concierge.tools import (
     validate_tool_args,
 )
 from agents.concierge.views import MAX_THIRD_PARTY_CHARS, booking_view, offer_view, third_party_text
-from domain.booking import MAX_GUESTS, ErrorCode
+from domain.booking import MAX_GUESTS
 from domain.chat import InvalidToolCallError
+from domain.errors import ErrorCode
 from domain.llm import TOOL_NAMES
 from infra.a2a.errors import A2ASkillError
 

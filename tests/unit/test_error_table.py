@@ -7,6 +7,8 @@ and checks that no other module keeps an exception → code mapping of its own.
 from __future__ import annotations
 
 import re
+import tomllib
+from enum import StrEnum
 from pathlib import Path
 
 import httpx
@@ -16,9 +18,17 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from domain.booking import BookingFinalError, ErrorCode, InvalidStayError, PriceChangedError
+from domain.booking import BookingFinalError, InvalidStayError, PriceChangedError
 from domain.cancellation import CancelInProgressError, CancellationRefusedError, FeeExceedsLimitError
 from domain.chat import ApprovalExpiredError, ApprovalPendingError, TurnInProgressError
+from domain.errors import ErrorCode, add_codes, status_of
+from identity.people import (
+    IdempotencyKeyReusedError,
+    InvalidPersonTokenError,
+    JwksUnavailableError,
+    QuotaExceededError,
+    UnauthenticatedError,
+)
 from infra.a2a import (
     A2AError,
     A2AProtocolError,
@@ -53,14 +63,7 @@ from infra.llm import (
     ModelUnavailableError,
     TokenBudgetExhausted,
 )
-from infra.people import (
-    IdempotencyKeyReusedError,
-    InvalidPersonTokenError,
-    JwksUnavailableError,
-    QuotaExceededError,
-    UnauthenticatedError,
-)
-from infra.signals import ShuttingDownError
+from process.signals import ShuttingDownError
 from resilience import (
     AttemptTimeoutError,
     BudgetExhaustedError,
@@ -304,7 +307,7 @@ _SECOND_MAPPING = re.compile(
 
 
 def test_no_second_exception_to_code_mapping_in_the_code() -> None:
-    packages = ["stack", "agents", "providers", "recovery", "runs", "graph", "infra", "domain", "resilience"]
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
     offenders = [
         str(path.relative_to(ROOT))
         for package in packages
@@ -323,3 +326,25 @@ def test_a_refused_person_is_challenged_as_rfc_6750_says() -> None:
     assert headers["WWW-Authenticate"] == 'Bearer error="invalid_token"'
     _, _, headers = answer_response(answer_for(QuotaExceededError("requests", "too many", 12.0)))
     assert headers == {"Retry-After": "12"}
+
+
+class _TableCode(StrEnum):
+    TABLE_TAKEN = "table_taken_in_the_error_table_test"
+
+
+def test_an_agent_adds_its_codes_and_the_table_answers_them_with_their_status() -> None:
+    add_codes({_TableCode.TABLE_TAKEN: 409})
+    add_codes({_TableCode.TABLE_TAKEN: 409})  # the same declaration again (a module imported twice) is no change
+    assert status_of(_TableCode.TABLE_TAKEN) == 409 and status_of("nobody_declared_this") is None
+    taken = NonRetryableError("taken")
+    taken.code = _TableCode.TABLE_TAKEN  # type: ignore[attr-defined]
+    answer = answer_for(taken)
+    assert (answer.code, answer.status) == ("table_taken_in_the_error_table_test", 409)
+
+
+def test_a_code_means_one_thing_an_agent_cannot_give_it_another_status() -> None:
+    with pytest.raises(ValueError, match="already answered with 503"):
+        add_codes({ErrorCode.SHUTTING_DOWN: 409})
+    with pytest.raises(ValueError, match="not an error status"):
+        add_codes({"fine_in_the_error_table_test": 200})
+    assert status_of(ErrorCode.SHUTTING_DOWN) == 503 and status_of("fine_in_the_error_table_test") is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from infra.gc_tuning import service_gc
+from process.gc_tuning import service_gc
 
 
 def test_threshold_is_raised_for_the_service_and_put_back() -> None:

@@ -1,4 +1,4 @@
-"""The DNS-rebinding guard's matcher (``infra.hosts``) and ``CONCIERGE_ALLOWED_HOSTS`` as the settings read it."""
+"""The DNS-rebinding guard's matcher (``identity.hosts``) and ``CONCIERGE_ALLOWED_HOSTS`` as the settings read it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from infra.hosts import AllowedHosts, host_name, parse_allowed_hosts
+from identity.hosts import AllowedHosts, host_name, parse_allowed_hosts
 from infra.service import middleware
 from infra.service.middleware import deployment_hosts
 from infra.settings import Settings

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from infra.auth import NoServiceIdentityError, use_service_identity, verify_service_token
+from identity.auth import NoServiceIdentityError, use_service_identity, verify_service_token
 from infra.http import create_http_client, never_connected
 from infra.settings import get_settings
 from infra.telemetry import configure_telemetry
@@ -26,7 +26,7 @@ def booking_agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process plays booking-agent, as the service shell would set it up."""
     monkeypatch.setenv("CONCIERGE_SERVICE_SECRET", SECRET)
     get_settings.cache_clear()
-    with use_service_identity("booking-agent"):
+    with use_service_identity("booking-agent", get_settings()):
         yield
     get_settings.cache_clear()
 

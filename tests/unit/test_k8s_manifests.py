@@ -22,7 +22,7 @@ import yaml
 
 from agents import recovery_worker
 from agents.booking import app as booking
-from infra.people import LOCAL_ISSUER, LocalIssuer
+from identity.people import LOCAL_ISSUER, LocalIssuer
 from infra.settings import Settings
 from stack.cli import GRACEFUL_SHUTDOWN_S
 from stack.services import DEPLOYED, SERVICES
@@ -50,7 +50,7 @@ SETTINGS_ENV = (
     | {spec.url_env for spec in SERVICES.values()}
     | {"CONCIERGE_AUTH_ISSUER_DIR"}
 )
-# people (infra/people.py): the services that take a person's JWT, and the one people's commands run in; each mounts
+# people (identity/people.py): the services that take a person's JWT, and the one people's commands run in; each mounts
 # the local issuer's Secret where the settings point
 PEOPLE_GATED = ("booking-agent", "concierge-agent")
 ISSUER_MOUNTED = tuple(name for name, spec in DEPLOYED.items() if spec.mounts_issuer)
@@ -411,7 +411,7 @@ def test_the_dev_issuer_in_the_overlay_is_one_concierge_issuer_reads(tmp_path: P
     """The committed development key pair is a LocalIssuer's: its JWKS verifies what its key mints."""
     import asyncio
 
-    from infra.people import JwksSource, PersonVerifier
+    from identity.people import JwksSource, PersonVerifier
 
     directory = K8S / DEV / "issuer"
     issuer = LocalIssuer(directory, LOCAL_ISSUER)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra.hosts import is_local_host
+from identity.hosts import is_local_host
 from infra.llm import ChatModel
 from infra.settings import ModelLimits, Settings
 from resilience import bulkhead_registry

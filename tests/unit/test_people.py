@@ -14,7 +14,7 @@ from typing import Any
 import jwt
 import pytest
 
-from infra.people import (
+from identity.people import (
     REFETCH_INTERVAL_S,
     InvalidPersonTokenError,
     JwksSource,
@@ -228,7 +228,7 @@ def test_a_source_is_a_url_or_a_file() -> None:
 def test_an_empty_issuer_setting_is_an_unset_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """docker-compose.yml passes ${CONCIERGE_AUTH_JWKS_URL:-} (empty unless set) and a real provider empties
     CONCIERGE_AUTH_JWKS_FILE: empty is unset, not a validation error nor the path "."."""
-    from infra.people import PeopleConfigError, PeopleGate
+    from identity.people import PeopleConfigError, PeopleGate
     from infra.settings import Settings
 
     monkeypatch.delenv("CONCIERGE_AUTH", raising=False)

@@ -1,4 +1,4 @@
-"""infra.auth: service tokens (mint, verify, reuse), the deployment secret, the admin token and the providers'
+"""identity.auth: service tokens (mint, verify, reuse), the deployment secret, the admin token and the providers'
 client keys."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import jwt
 import pytest
 
-from infra.auth import (
+from identity.auth import (
     LEEWAY_S,
     MAX_TOKEN_LIFETIME_S,
     PROVIDER_CLIENTS,
@@ -216,11 +216,11 @@ def test_a_long_random_secret_is_used_and_never_shown() -> None:
 def test_the_identity_is_the_running_services_and_put_back_after(secret_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(NoServiceIdentityError):
         service_tokens()
-    with use_service_identity("recovery-worker"):
+    with use_service_identity("recovery-worker", get_settings()):
         token = service_tokens().token("payment-agent")
         assert verify_service_token(token, secret=SECRET, audience="payment-agent").issuer == "recovery-worker"
         # a tool may still speak for someone else, with the same secret
-        assert service_tokens("search-agent").issuer == "search-agent"
+        assert service_tokens("search-agent", get_settings()).issuer == "search-agent"
     with pytest.raises(NoServiceIdentityError):
         service_tokens()
 
@@ -230,7 +230,7 @@ def test_no_identity_without_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     get_settings.cache_clear()
     try:
         with pytest.raises(MissingSecretError):
-            use_service_identity("booking-agent")
+            use_service_identity("booking-agent", get_settings())
     finally:
         get_settings.cache_clear()
 
@@ -315,5 +315,7 @@ def test_without_a_secret_or_a_client_there_is_no_key_and_nobody_gets_in() -> No
 
 
 def test_a_service_presents_its_own_key_by_default(secret_env: pytest.MonkeyPatch) -> None:
-    with use_service_identity("search-agent"):
-        assert provider_api_key("hotel-api") == derived_provider_key(SECRET, "hotel-api", "search-agent")
+    with use_service_identity("search-agent", get_settings()):
+        assert provider_api_key("hotel-api", None, get_settings()) == derived_provider_key(
+            SECRET, "hotel-api", "search-agent"
+        )

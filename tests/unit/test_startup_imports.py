@@ -8,7 +8,7 @@ itself only with them (``infra.error_table`` names its ``OperationalError`` with
 the API check's alone; the MCP SDK with the first caller of concierge-agent's ``/mcp``; the A2A SDK's client side (``a2a.client``, and ``grpc`` through it) with an agent's first
 call to a peer (``infra.a2a.client``), and the SDK's protobuf types only where an A2A module is imported (the
 package ``infra.a2a`` holds the errors without them). ``concierge serve`` builds its own parser alone: no other
-command's module. The providers load no HTTP client: they send no request (``infra.connection_errors``).
+command's module. The providers load no HTTP client: they send no request (``errors.connection_errors``).
 
 The providers, the web console and the CLI load no LangGraph at all, hence nothing of ``langsmith`` or
 ``langgraph_sdk``, and no A2A SDK; the agents do, and LangGraph itself brings both at its top level
@@ -62,7 +62,7 @@ WITHOUT_A2A = ("a2a", "google.protobuf")
 A2A_CLIENT = ("a2a.client", "grpc")
 A2A_SERVERS = of_kind("agent")
 # an HTTP client only where requests are sent: the providers answer, they call no one (the error table's question
-# whether a request left asks sys.modules for httpx: infra.connection_errors)
+# whether a request left asks sys.modules for httpx: errors.connection_errors)
 WITHOUT_HTTP_CLIENT = ("httpx", "httpcore")
 PROVIDERS = of_kind("provider")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from infra.causes import causes
+from errors.causes import causes
 
 __all__ = ["never_connected"]
 

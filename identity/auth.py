@@ -27,7 +27,7 @@ client from the deployment's secret (``provider_api_key``, checked by ``provider
 
 ::
 
-    ServiceAuthError
+    ServiceAuthError (IdentityError)
      ├── MissingSecretError        CONCIERGE_SERVICE_SECRET unset, too short or a well-known value
      ├── NoServiceIdentityError    a token was to be minted outside a service, with no issuer named
      └── InvalidServiceTokenError  a presented token was refused: .reason (never the token itself)
@@ -43,13 +43,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import jwt
 from jwt.types import Options
 
-from infra.settings import Settings, get_settings
 from resilience.switches import Restore
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 __all__ = [
     "ALGORITHM",
@@ -61,9 +63,11 @@ __all__ = [
     "PROVIDER_KEY_PREFIX",
     "REMINT_BEFORE_S",
     "TOKEN_TTL_S",
+    "IdentityError",
     "InvalidServiceTokenError",
     "MissingSecretError",
     "NoServiceIdentityError",
+    "Secrets",
     "ServiceAuthError",
     "ServiceClaims",
     "ServiceTokens",
@@ -100,7 +104,12 @@ RETIRED_DEFAULTS: Final = frozenset({"concierge-dev-token"})
 _REQUIRED_CLAIMS: Final = ["iss", "aud", "iat", "exp"]
 
 
-class ServiceAuthError(Exception):
+class IdentityError(Exception):
+    """The root of what ``identity`` raises: a service's credential (``ServiceAuthError``) or a person's
+    (``identity.people.PeopleError``)."""
+
+
+class ServiceAuthError(IdentityError):
     """A service credential is missing, unusable or refused."""
 
 
@@ -123,9 +132,24 @@ class InvalidServiceTokenError(ServiceAuthError):
 # ---------------------------------------------------------------------------------------------------- secrets
 
 
-def service_secret(settings: Settings | None = None) -> str:
+class Secrets(Protocol):
+    """What this module reads of the settings (``infra.settings.Settings`` is one): identity sits below infra, so
+    whoever calls hands them in."""
+
+    @property
+    def service_secret(self) -> SecretStr | None: ...
+    @property
+    def admin_token(self) -> SecretStr | None: ...
+    @property
+    def llm_api_key(self) -> SecretStr | None: ...
+    @property
+    def hotel_api_key(self) -> SecretStr | None: ...
+    @property
+    def payment_api_key(self) -> SecretStr | None: ...
+
+
+def service_secret(settings: Secrets) -> str:
     """The deployment's signing secret, or ``MissingSecretError`` saying in one line what to do."""
-    settings = settings or get_settings()
     value = settings.service_secret.get_secret_value() if settings.service_secret is not None else ""
     if not value.strip():
         raise MissingSecretError(
@@ -142,9 +166,8 @@ def service_secret(settings: Settings | None = None) -> str:
     return value
 
 
-def admin_token(settings: Settings | None = None) -> str | None:
+def admin_token(settings: Secrets) -> str | None:
     """``CONCIERGE_ADMIN_TOKEN``, or ``None`` when unset or empty (docker-compose passes an empty one through)."""
-    settings = settings or get_settings()
     value = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
     return value or None
 
@@ -153,13 +176,12 @@ LLM_KEY_PREFIX: Final = "sk-sim-"
 """What a derived model API key starts with (``llm_api_key``)."""
 
 
-def llm_api_key(settings: Settings | None = None) -> str | None:
+def llm_api_key(settings: Secrets) -> str | None:
     """The model provider's API key: ``LLM_API_KEY``, else one derived from the deployment's secret (HMAC-SHA256),
     so the simulator and the concierge agree with no key configured and the key is never a well-known value.
 
     ``None`` only when neither is set (the simulator then refuses every request, 401).
     """
-    settings = settings or get_settings()
     value = settings.llm_api_key.get_secret_value().strip() if settings.llm_api_key is not None else ""
     if value:
         return value
@@ -339,7 +361,7 @@ class TokenVerifier:
 _identity: ServiceTokens | None = None
 
 
-def use_service_identity(name: str, settings: Settings | None = None) -> Restore[ServiceTokens | None]:
+def use_service_identity(name: str, settings: Secrets) -> Restore[ServiceTokens | None]:
     """Make ``name`` this process's issuer, signing with the configured secret (``MissingSecretError`` if unusable).
 
     The service shell calls it when a service starts; leaving ``with use_service_identity(...):`` (or
@@ -356,10 +378,12 @@ def _restore_identity(previous: ServiceTokens | None) -> None:
     _identity = previous
 
 
-def service_tokens(issuer: str | None = None) -> ServiceTokens:
-    """The tokens ``issuer`` presents (signed with the configured secret), or this service's own when ``None``."""
+def service_tokens(issuer: str | None = None, settings: Secrets | None = None) -> ServiceTokens:
+    """The tokens ``issuer`` presents (signed with ``settings``' secret), or this service's own when ``None``."""
     if issuer is not None:
-        return ServiceTokens(issuer, service_secret())
+        if settings is None:
+            raise TypeError("service_tokens(issuer) signs with the deployment's secret: pass the settings")
+        return ServiceTokens(issuer, service_secret(settings))
     if _identity is None:
         raise NoServiceIdentityError(
             "no service identity: call peers from a running service (create_service_app) or name the issuer"
@@ -389,7 +413,7 @@ PROVIDER_KEY_PREFIX: Final = "pk-sim-"
 _PROVIDER_KEY_SETTINGS: Final = {"hotel-api": "hotel_api_key", "payment-api": "payment_api_key"}
 
 
-def _configured_provider_key(provider: str, settings: Settings) -> str | None:
+def _configured_provider_key(provider: str, settings: Secrets) -> str | None:
     configured = getattr(settings, _PROVIDER_KEY_SETTINGS[provider])
     value = configured.get_secret_value().strip() if configured is not None else ""
     return value or None  # docker-compose passes an empty one through
@@ -403,10 +427,9 @@ def derived_provider_key(secret: str, provider: str, client: str) -> str:
     return f"{PROVIDER_KEY_PREFIX}{digest[:48]}"
 
 
-def provider_api_key(provider: str, client: str | None = None, settings: Settings | None = None) -> str | None:
+def provider_api_key(provider: str, client: str | None, settings: Secrets) -> str | None:
     """The key ``client`` (default: this service) presents to ``provider``: ``HOTEL_API_KEY`` / ``PAYMENT_API_KEY``,
     else one derived from the deployment's secret for that client; ``None`` when there is neither."""
-    settings = settings or get_settings()
     configured = _configured_provider_key(provider, settings)
     if configured is not None:
         return configured
@@ -418,9 +441,8 @@ def provider_api_key(provider: str, client: str | None = None, settings: Setting
     return None if client is None else derived_provider_key(secret, provider, client)
 
 
-def provider_api_key_ok(provider: str, header: str | None, settings: Settings | None = None) -> bool:
+def provider_api_key_ok(provider: str, header: str | None, settings: Secrets) -> bool:
     """``header`` is ``Bearer <key>`` of one of ``provider``'s clients (constant time, every key compared)."""
-    settings = settings or get_settings()
     configured = _configured_provider_key(provider, settings)
     if configured is not None:
         accepted = [configured]

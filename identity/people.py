@@ -10,7 +10,7 @@ in a directory, for ``concierge up`` and the tests. ``PeopleGate`` turns a reque
 
 ::
 
-    PeopleError
+    PeopleError (identity.auth.IdentityError)
      ├── PersonAuthError
      │    ├── UnauthenticatedError     no bearer token: 401 ``unauthenticated``, ``WWW-Authenticate: Bearer``
      │    ├── InvalidPersonTokenError  a token was refused (.reason, never the token): 401, ``error="invalid_token"``
@@ -32,12 +32,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import jwt
 
-from infra.auth import admin_token_ok, bearer_credentials
-from infra.settings import Settings
+from identity.auth import IdentityError, admin_token_ok, bearer_credentials
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 __all__ = [
     "ALGORITHMS",
@@ -47,6 +49,7 @@ __all__ = [
     "OPERATOR",
     "REFETCH_INTERVAL_S",
     "Caller",
+    "GateSettings",
     "IdempotencyKeyReusedError",
     "InvalidPersonTokenError",
     "JwksSource",
@@ -82,7 +85,7 @@ _REQUIRED_CLAIMS: Final = ["exp", "iss", "aud", "sub"]
 logger = logging.getLogger(__name__)
 
 
-class PeopleError(Exception):
+class PeopleError(IdentityError):
     """Who is calling, and what they may still do."""
 
 
@@ -434,7 +437,7 @@ class PeopleGate:
         return Caller(person.sub)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> PeopleGate:
+    def from_settings(cls, settings: GateSettings) -> PeopleGate:
         """The gate the settings describe (``PeopleConfigError`` when auth is on and no issuer is configured)."""
         admin = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
         if settings.auth == "off":
@@ -457,6 +460,25 @@ class PeopleGate:
             max_age_s=settings.auth_max_token_age_s,
         )
         return cls(verifier, admin)
+
+
+class GateSettings(Protocol):
+    """What ``PeopleGate.from_settings`` reads (``infra.settings.Settings`` is one): identity sits below infra."""
+
+    @property
+    def admin_token(self) -> SecretStr | None: ...
+    @property
+    def auth(self) -> Literal["on", "off"]: ...
+    @property
+    def auth_issuer(self) -> str | None: ...
+    @property
+    def auth_audience(self) -> str: ...
+    @property
+    def auth_jwks_url(self) -> str | None: ...
+    @property
+    def auth_jwks_file(self) -> Path | None: ...
+    @property
+    def auth_max_token_age_s(self) -> float: ...
 
 
 def person_key(person: str) -> str:
