@@ -1,6 +1,8 @@
 """Migrations against checkpoints recorded from an earlier shape (tests/data/checkpoints, ``tests.checkpoints``), in
 a real Postgres checkpointer and against real Redis: the recorded booking died mid-charge; on its own shape it
 resumes at the charge, and through a declared migration (a step renamed) on the next shape, booking once either way.
+Every durable graph the registry declares (the optional example's too) has its current shape recorded; the recorded
+chat turn and approved call resume in tests/integration/test_concierge_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from recovery.registry import load_durable_graphs
 from resilience import budget_scope, bulkhead_registry, circuit_registry, set_testing
 from runs.runner import run_config
 from runs.versions import graph_fingerprint
+from scripts.graph_versions import families
+from stack.services import SERVICES
 from tests.booking_fakes import HotelApi, PaymentAgent, SearchAgent, offer
 from tests.checkpoints import (
     BOOKING_REQUEST,
@@ -48,7 +52,12 @@ from tests.checkpoints import (
 )
 
 CURRENT = graph_fingerprint(BOOKING_BUILDERS[0](None))  # type: ignore[arg-type]
-DURABLE = {graph.name: graph for graph in load_durable_graphs(Settings().durable_agents)}
+PACKAGES = tuple(
+    dict.fromkeys([*Settings().durable_agents, *(s.package for s in SERVICES.values() if s.optional and s.durable)])
+)
+"""The agent packages whose graphs the recovery worker may run: ``DURABLE_AGENTS`` and the optional rows of the
+service table that ``concierge up --with`` adds (the example, examples/restaurant), as scripts/graph_versions.py."""
+DURABLE = {graph.name: graph for graph in load_durable_graphs(PACKAGES)}
 RECORDED = "ce82de42196f23b8"
 """The booking shape the renamed-step example migrates from: its fixture stays when the shape moves on."""
 
@@ -126,11 +135,16 @@ async def world(redis: Any, postgres_url: str) -> AsyncIterator[World]:
     await http.aclose()
 
 
-@pytest.mark.parametrize("name", sorted(RECORDERS))
+def test_the_graphs_checked_here_are_those_whose_versions_are_checked() -> None:
+    assert set(DURABLE) == set(families()), "the same registry as scripts/graph_versions.py"
+
+
+@pytest.mark.parametrize("name", sorted(DURABLE))
 def test_the_current_shape_of_each_durable_graph_has_a_recorded_checkpoint(name: str) -> None:
     version = version_list_current(name)
+    assert name in RECORDERS, f"{name} has no recorder: add one to tests.checkpoints.RECORDERS (docs/upgrades.md)"
     path = fixture_path(name, version)
-    assert path.exists(), f"no checkpoint recorded from {name}@{version}: run python -m tests.checkpoints"
+    assert path.exists(), f"no checkpoint recorded from {name}@{version}: run python -m tests.checkpoints {name}"
 
 
 def version_list_current(name: str) -> str:
@@ -145,6 +159,8 @@ async def test_the_fixture_of_the_current_shape_is_what_it_records_today(redis: 
     assert recorded["version"] == kept["version"] == current
     assert set(recorded["checkpoint"]["channel_values"]) == set(kept["checkpoint"]["channel_values"])
     assert set(recorded["checkpoint"]["versions_seen"]) == set(kept["checkpoint"]["versions_seen"])
+    stopped = [[channel for _, channel, _ in fixture["pending_writes"]] for fixture in (recorded, kept)]
+    assert stopped[0] == stopped[1], "stopped where the kept one did (mid-step, or parked at an interrupt)"
     assert "tok_visa" not in repr(recorded), "no card token in a checkpoint"
 
 
