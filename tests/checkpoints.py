@@ -368,7 +368,7 @@ async def record_approved_call(redis: Any, chat_id: str) -> dict[str, Any]:
     from agents.concierge.graph import ask_approval
     from agents.concierge.tools import ToolContext, tool_named
     from domain.llm import BOOK_HOTEL, SEARCH_HOTELS
-    from infra.auth import acting_for
+    from identity.auth import acting_for
     from runs.runner import run_config
     from runs.versions import graph_fingerprint
 
