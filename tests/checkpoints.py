@@ -277,8 +277,9 @@ class Search:
 
 
 class BookingAgentPeer:
-    """booking-agent's ``book_hotel`` and ``cancel_booking`` for the concierge: each booking it makes is in
-    ``bookings`` and confirmed at once, its journal ending so (the concierge relays it until its final entry)."""
+    """booking-agent's ``book_hotel`` for the concierge: each booking it makes is in ``bookings``, bound to the
+    request's ``Idempotency-Key`` for the person and confirmed at once, its journal ending so (the concierge's relay
+    follows the key to the booking, then its journal to the final entry)."""
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
@@ -287,13 +288,16 @@ class BookingAgentPeer:
 
     async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
         from domain.booking import JournalKind
+        from infra.auth import person_acted_for
         from infra.booking_keys import journal_key
+        from infra.bookings import BookingStore
         from infra.journal import ENTRY_FIELD, encode_entry
 
         self.calls.append((skill, data))
-        assert skill == "book_hotel", f"the recorded turns only book, not {skill}"
+        assert skill == "book_hotel", f"the recorded runs only book, not {skill}"
         self.bookings.append(data)
         booking_id = f"bk-{len(self.bookings)}"
+        await BookingStore(self.redis).claim_client_key(data["idempotency_key"], "-", booking_id, person_acted_for())
         entry = encode_entry(JournalKind.CONFIRMED, "booking-agent", {"status": "confirmed"})
         await self.redis.xadd(journal_key(booking_id), {ENTRY_FIELD: entry})
         terms = {name: data[name] for name in ("hotel_id", "city", "checkin", "checkout", "guests", "currency")}
