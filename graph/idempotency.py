@@ -55,6 +55,7 @@ from infra.journal import note
 from infra.metrics import count_duplicate_prevented
 from infra.redis import RedisClient, RedisScript, key, text
 from infra.settings import get_settings
+from process.tasks import stop_task
 from resilience.budget import remaining_budget
 from resilience.errors import BudgetExhaustedError
 
@@ -226,19 +227,9 @@ STOP_BACKGROUND_WAIT_S = 1.0
 
 
 async def _stop_background(task: asyncio.Task[None], stop: asyncio.Event) -> None:
-    """End a helper task (lease renewal) without ever hanging the node on it.
-
-    The flag ends the loop at its next turn even if a library it awaits swallowed the cancellation (seen under load:
-    the renewal kept sleeping, "cancelling", and a bare ``await`` on it held the node forever). ``asyncio.wait``
-    (unlike awaiting the task) does not swallow a cancellation aimed at us.
-    """
-    stop.set()
-    task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=STOP_BACKGROUND_WAIT_S)
-    if not done:
-        logger.warning(
-            "%s did not stop within %.1fs; leaving it to end on its own", task.get_name(), STOP_BACKGROUND_WAIT_S
-        )
+    """End a helper task (lease renewal) without ever hanging the node on it: its flag ends the loop at its next turn
+    even if a library it awaits swallowed the cancellation (seen under load), and the wait is bounded."""
+    await stop_task(task, within=STOP_BACKGROUND_WAIT_S, stop=stop)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,6 @@ Each runs in the ``book`` step (once per approval, ``agents.concierge.graph``); 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import time
@@ -23,12 +22,15 @@ from graph.outages import raise_if_waited_out
 from identity.auth import person_acted_for
 from infra.error_table import answer_for
 from infra.journal import is_final, read_journal
+from process.tasks import stop_task
 from resilience import policy_for
 from resilience.budget import remaining_budget
 
 __all__ = ["RELAY_POLL_S", "book", "booking_key_for", "cancel"]
 
 RELAY_POLL_S: Final = 0.05
+RELAY_STOP_S: Final = 1.0
+"""How long the book step waits for its relay to stop once booking-agent has answered."""
 """How often ``book`` looks for the booking's new journal entries while booking-agent works on it."""
 
 
@@ -75,15 +77,16 @@ async def book(deps: ConciergeDeps, chat_id: str, pending: Pending) -> Done:
         "payment_token": token,
         "idempotency_key": client_key,
     }
-    relay = asyncio.create_task(_relay(deps, chat_id, client_key), name=f"relay:{chat_id}")
+    stop_relay = asyncio.Event()
+    relay = asyncio.create_task(_relay(deps, chat_id, client_key, stop_relay), name=f"relay:{chat_id}")
     try:
         booking = await policy_for("booking_agent").call(deps.booking_agent.call, "book_hotel", request)
     except Exception as exc:
         return _answered(exc, call_id)
     finally:
-        relay.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await relay
+        # bounded, and the flag ends its loop even if a Redis call below swallowed the cancellation (seen: a relay
+        # "cancelling" yet polling for a booking booking-agent never made, and the step waiting on it for good)
+        await stop_task(relay, within=RELAY_STOP_S, what=f"the relay of chat {chat_id}", stop=stop_relay)
     booking_id = str(booking.get("booking_id") or "")
     if booking_id:
         await _accepted(deps, chat_id, booking_id)
@@ -141,11 +144,13 @@ async def cancel(deps: ConciergeDeps, chat_id: str, pending: Pending) -> Done:
     }
 
 
-async def _relay(deps: ConciergeDeps, chat_id: str, client_key: str) -> None:
+async def _relay(deps: ConciergeDeps, chat_id: str, client_key: str, stop: asyncio.Event) -> None:
     """While booking-agent works: find the booking its key made, then relay its journal entries as they come."""
     booking_id: str | None = None
     owner = person_acted_for()  # this task was started inside the book step's ``acting_for``: the chat's owner
     while booking_id is None:
+        if stop.is_set():
+            return  # booking-agent answered (or refused) before its booking could be found
         booking_id = await deps.bookings.booking_for_key(client_key, owner)
         if booking_id is None:
             await asyncio.sleep(RELAY_POLL_S)

@@ -4,6 +4,7 @@ booking-agent, a no books nothing. What a deploy finds most often, answered afte
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -113,3 +114,34 @@ async def test_a_recorded_approval_said_no_to_books_nothing(parked: Parked, name
     chat = await parked.deps.chats.get(f"{name}-no")
     assert chat is not None and chat["bookings"] == []
     assert await parked.deps.chats.token(f"{name}-no") == "tok_visa", "nothing charged: the card stays on the chat"
+
+
+async def test_a_booking_agent_that_refuses_before_making_a_booking_ends_the_step_with_its_refusal(
+    parked: Parked,
+) -> None:
+    """Its relay looks for a booking the refusal never made: the step stops it and answers, it never waits on it."""
+    from infra.a2a.errors import A2ASkillError
+
+    async def refuse(skill: str, data: dict[str, Any]) -> dict[str, Any]:
+        parked.booking_agent.calls.append((skill, data))
+        await asyncio.sleep(0.1)  # the relay is looking meanwhile
+        raise A2ASkillError("no_availability", "no room left at the approved terms")
+
+    async def no_booking_and_a_lost_cancel(*args: Any) -> None:
+        try:
+            await asyncio.sleep(0.5)  # the relay's time is spent here, so its cancel lands here
+        except asyncio.CancelledError:
+            pass  # as a Redis call under load was seen to: the cancellation lost, the relay polling on
+        return None
+
+    parked.booking_agent.call = refuse  # type: ignore[method-assign]
+    parked.deps.bookings.booking_for_key = no_booking_and_a_lost_cancel
+    graph, pending = await parked.loaded(CONCIERGE_GRAPH, "refused")
+
+    state = await asyncio.wait_for(parked.decide(graph, "refused", approve=True), timeout=60)
+
+    assert state["outcome"] == "answered"
+    assert [skill for skill, _ in parked.booking_agent.calls] == ["book_hotel"]
+    assert answer_to(CONCIERGE_GRAPH, state, pending)["error"]["code"] == "no_availability"
+    chat = await parked.deps.chats.get("refused")
+    assert chat is not None and chat["bookings"] == []
