@@ -287,9 +287,8 @@ class BookingAgentPeer:
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     async def call(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
-        from identity.auth import person_acted_for
-
         from domain.booking import JournalKind
+        from identity.auth import person_acted_for
         from infra.booking_keys import journal_key
         from infra.bookings import BookingStore
         from infra.journal import ENTRY_FIELD, encode_entry
