@@ -25,10 +25,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from agents.concierge.context import ConciergeDeps
-from agents.concierge.graph import approval, book
+from agents.concierge.graph import approval, book_node
 from agents.concierge.state import ConciergeState, Pending
 from domain.chat import ChatEventKind, TurnOutcome
-from graph.idempotency import idempotent_node
 from graph.tracing import traced_node
 
 __all__ = ["APPROVED_CALL_BUILDERS", "APPROVED_CALL_GRAPH", "build_approved_call_graph", "call_input"]
@@ -94,9 +93,7 @@ def build_approved_call_graph(
 
     builder = StateGraph(ConciergeState)
     builder.add_node("approval", approval)
-    # the concierge's own step, once per approval: a replay returns the stored result and calls nobody again
-    once_per_approval = idempotent_node(lambda: deps.redis, "book", key_fields=["chat_id", "pending"])
-    builder.add_node("book", traced_node("book")(once_per_approval(bound(book))))
+    builder.add_node("book", book_node(deps))  # the concierge's own step, once per approval
     builder.add_node("record", traced_node("record")(bound(record)))
     builder.add_conditional_edges(START, _first, ["approval", "record"])
     builder.add_edge("approval", "book")

@@ -324,6 +324,13 @@ async def _after_tools(state: ConciergeState) -> str:
     return "approval" if state.get("pending") and not state.get("error") else "call_model"
 
 
+def book_node(deps: ConciergeDeps) -> Any:
+    """The approved effect as a node, the same in every graph that books (a turn, an MCP host's approved call): once
+    per approval, so a replay (crash, takeover, recovery) returns the stored result and calls nobody again."""
+    once_per_approval = idempotent_node(lambda: deps.redis, "book", key_fields=["chat_id", "pending"])
+    return traced_node("book")(once_per_approval(functools.partial(book, deps=deps)))
+
+
 def build_concierge_graph(
     deps: ConciergeDeps, checkpointer: BaseCheckpointSaver[str] | None = None
 ) -> CompiledStateGraph[ConciergeState, None, ConciergeState, ConciergeState]:
@@ -334,9 +341,7 @@ def build_concierge_graph(
     builder.add_node("call_model", traced_node("call_model")(bound(call_model)))
     builder.add_node("tools", traced_node("tools")(bound(tools)))
     builder.add_node("approval", approval)
-    # once per approval: a replay (crash, takeover, recovery) returns the stored result and calls nobody again
-    once_per_approval = idempotent_node(lambda: deps.redis, "book", key_fields=["chat_id", "pending"])
-    builder.add_node("book", traced_node("book")(once_per_approval(bound(book))))
+    builder.add_node("book", book_node(deps))
     builder.add_node("finish", traced_node("finish")(bound(finish)))
     builder.add_edge(START, "call_model")
     builder.add_conditional_edges("call_model", _after_model, ["tools", "finish"])
